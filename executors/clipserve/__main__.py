@@ -1,0 +1,62 @@
+"""Command line: `python -m clipserve [flow.yml]` serves a Flow; `python -m clipserve models` lists models.
+
+Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
+repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_FLOW = 'torch.yml'
+FLOWS_DIR = Path(__file__).resolve().parents[2] / 'flows'
+
+
+def find_flow(arg: str) -> Path:
+    for candidate in (Path(arg), FLOWS_DIR / arg, Path('flows') / arg):
+        if candidate.is_file():
+            return candidate
+    raise SystemExit(f'clipserve: no Flow file {arg!r} (looked in the current directory and {FLOWS_DIR})')
+
+
+def serve(flow_arg: str | None, from_stdin: bool) -> None:
+    from jina import Flow
+
+    if from_stdin:
+        with tempfile.NamedTemporaryFile('w', suffix='.yml', delete=False) as f:
+            f.write(sys.stdin.read())
+        path = Path(f.name)
+    else:
+        path = find_flow(flow_arg or DEFAULT_FLOW)
+    with Flow.load_config(str(path)) as flow:
+        flow.block()
+
+
+def list_models() -> None:
+    import open_clip
+
+    from clipserve.models.names import LEGACY_ALIASES
+    from clipserve.models import registry  # registers the bundled configs
+
+    for arch in registry.known_architectures():
+        tags = open_clip.list_pretrained_tags_by_model(arch)
+        print(f'{arch}::{{{",".join(tags + ["random"])}}}')
+    print('\nlegacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['models']:
+        return list_models()
+    parser = argparse.ArgumentParser(prog='python -m clipserve', description='Serve a clipserve Flow.')
+    parser.add_argument('flow', nargs='?', help=f'Flow YAML path or a name in flows/ (default {DEFAULT_FLOW})')
+    parser.add_argument('-i', action='store_true', help='read the Flow YAML from standard input')
+    args = parser.parse_args(argv)
+    serve(args.flow, args.i)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,78 @@
+"""The interface every runtime implements: pixels in, float32 embeddings out; token ids in, likewise."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from clipserve.models.preprocess import PreprocessConfig
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Runtime settings shared by all backends. `None` means: let the backend pick."""
+
+    device: str | None = None        # 'cpu', 'cuda', 'cuda:1'; None = cuda when present, else cpu
+    dtype: str | None = None         # 'fp32', 'fp16', 'bf16'; None = fp32 on cpu, fp16 on cuda
+    num_threads: int | None = None   # CPU threads for this replica; None = leave the runtime's default
+
+
+class Backend(ABC):
+    """One loaded model on one runtime.
+
+    Implementations must be safe to call from one thread at a time; the executor serialises calls.
+    `model_calls` counts forward passes (one per minibatch), so callers and tests can see how much
+    work a request caused without timing anything.
+    """
+
+    name: str
+    model_name: str
+    embed_dim: int
+    context_length: int
+    preprocess: PreprocessConfig
+    device: str
+    dtype: str
+
+    def __init__(self):
+        self._counter_lock = threading.Lock()
+        self.model_calls = 0
+        self.images_encoded = 0
+        self.texts_encoded = 0
+
+    def _count(self, images: int = 0, texts: int = 0) -> None:
+        with self._counter_lock:
+            self.model_calls += 1
+            self.images_encoded += images
+            self.texts_encoded += texts
+
+    @property
+    def image_size(self) -> int:
+        return self.preprocess.image_size
+
+    def encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        """float32 [B, 3, S, S] normalised pixels -> float32 [B, D] unnormalised embeddings."""
+        if len(pixels) == 0:
+            return np.zeros((0, self.embed_dim), dtype=np.float32)
+        out = self._encode_images(pixels)
+        self._count(images=len(pixels))
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def encode_texts(self, input_ids: np.ndarray) -> np.ndarray:
+        """int64 [B, L] token ids (<sot> ... <eot>, zero padded) -> float32 [B, D] unnormalised embeddings."""
+        if len(input_ids) == 0:
+            return np.zeros((0, self.embed_dim), dtype=np.float32)
+        out = self._encode_texts(input_ids)
+        self._count(texts=len(input_ids))
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    @abstractmethod
+    def _encode_images(self, pixels: np.ndarray) -> np.ndarray: ...
+
+    @abstractmethod
+    def _encode_texts(self, input_ids: np.ndarray) -> np.ndarray: ...
+
+    def describe(self) -> str:
+        return f'{self.model_name} on {self.name} ({self.device}, {self.dtype}, dim {self.embed_dim})'

@@ -1,0 +1,64 @@
+"""PyTorch (open_clip) backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clipserve.backends.base import Backend, BackendOptions
+from clipserve.errors import BackendUnavailableError
+from clipserve.models.loading import build_model
+from clipserve.models.names import parse_model_name
+from clipserve.models.registry import resolve
+
+TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+
+def pick_device(device: str | None) -> str:
+    """`None` means CUDA when present; asking for CUDA without it is an error, never a silent CPU fallback."""
+    if device in (None, '', 'auto'):
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    if str(device).startswith('cuda') and not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            f'device {device!r} was asked for, but torch sees no CUDA device '
+            f'(torch {torch.__version__}, built for CUDA {torch.version.cuda}). Use device "cpu", or fix the driver.'
+        )
+    if device != 'cpu' and not str(device).startswith(('cuda', 'mps')):
+        raise BackendUnavailableError(f'unknown device {device!r}; use "cpu", "cuda" or "cuda:N"')
+    return str(device)
+
+
+def pick_dtype(dtype: str | None, device: str) -> str:
+    if dtype in (None, '', 'auto'):
+        return 'fp32' if device == 'cpu' else 'fp16'
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f'unknown dtype {dtype!r}; use one of: {", ".join(TORCH_DTYPES)}')
+    return dtype
+
+
+class TorchBackend(Backend):
+    name = 'torch'
+
+    def __init__(self, model: str | None, options: BackendOptions = BackendOptions()):
+        super().__init__()
+        self.device = pick_device(options.device)
+        self.dtype = pick_dtype(options.dtype, self.device)
+        if options.num_threads and self.device == 'cpu':
+            torch.set_num_threads(options.num_threads)
+        resolved = resolve(parse_model_name(model))
+        self.model_name = str(resolved.name)
+        self.embed_dim = resolved.embed_dim
+        self.context_length = resolved.context_length
+        self.preprocess = resolved.preprocess
+        self.model = build_model(resolved, device=self.device, precision=self.dtype)
+        self._torch_dtype = TORCH_DTYPES[self.dtype]
+
+    def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            batch = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, self._torch_dtype)
+            return self.model.encode_image(batch).float().cpu().numpy()
+
+    def _encode_texts(self, input_ids: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            batch = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
+            return self.model.encode_text(batch).float().cpu().numpy()

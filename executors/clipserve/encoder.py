@@ -1,0 +1,33 @@
+"""CLIPEncoder: clip-as-service's executor, endpoint for endpoint.
+
+A bare `@requests` makes `encode` the catch-all, so `/`, `/encode`, `/encode/<model>`, `/index`,
+`/search` and any other unbound path all encode, exactly as legacy Flows and clip-client expect.
+`/rank` (and `/rank/<model>`) scores matches, so single-executor legacy Flows keep working.
+"""
+
+from __future__ import annotations
+
+from docarray import DocumentArray
+from jina import requests
+
+from clipserve.executor_base import CLIPExecutorBase
+from clipserve.options import request_options
+
+
+class CLIPEncoder(CLIPExecutorBase):
+    """Texts and images to CLIP embeddings (float32, unnormalised), written onto the documents in place."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._bind_model_endpoints('/rank')
+
+    @requests
+    def encode(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        options = request_options(parameters, self.access_paths, self.logger)
+        self.encode_documents(docs[options.access_paths], options.drop_image_content)
+        return docs
+
+    @requests(on='/rank')
+    def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        self.rank_documents(docs, parameters or {}, reuse_embeddings=False)
+        return docs

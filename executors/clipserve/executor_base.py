@@ -1,0 +1,166 @@
+"""What CLIPEncoder and CLIPRanker share: constructor arguments, the backend, encoding and ranking documents.
+
+This is the Jina glue layer: it turns documents into texts and image loaders for the pipeline,
+writes embeddings and scores back in place, and turns bad input into one clear error per request.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from docarray import Document, DocumentArray
+from docarray.score import NamedScore
+from jina import Executor
+
+from clipserve import ranking
+from clipserve.backends import BACKENDS, BackendOptions, create_backend
+from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
+from clipserve.errors import InvalidDocumentError, InvalidParameterError
+from clipserve.models.names import DEFAULT_MODEL
+from clipserve.models.preprocess import PreprocessConfig
+from clipserve.options import check_access_paths, check_bool, check_int, env_or_default, request_options
+from clipserve.pipeline import EncodePipeline, StageTimes
+from clipserve.uris import UriPolicy
+
+
+def thread_budget(replicas: int) -> int | None:
+    """CPU threads per replica so that replicas x threads never exceeds the cores; OMP_NUM_THREADS wins."""
+    if os.environ.get('OMP_NUM_THREADS'):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    return max(1, cores // max(1, replicas))
+
+
+class CLIPExecutorBase(Executor):
+    """Loads one CLIP model on one backend and encodes/ranks DocArray documents with it."""
+
+    reuse_embeddings_default = False
+
+    def __init__(
+        self,
+        name: str = DEFAULT_MODEL,
+        backend: str = 'torch',
+        device: str | None = None,
+        dtype: str | None = None,
+        minibatch_size: int = 32,
+        num_worker_preprocess: int = 4,
+        access_paths: str = '@r',
+        allow_local_files: bool = False,
+        local_files_root: str | None = None,
+        allow_remote_uris: bool = False,
+        remote_timeout: float = 10.0,
+        max_image_bytes: int = 20 * 1024 * 1024,
+        max_image_pixels: int = 50_000_000,
+        traversal_paths: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        started = time.perf_counter()
+        name = env_or_default(name, DEFAULT_MODEL)
+        self._configured_name = str(name)
+        backend = env_or_default(backend, 'torch')
+        device = env_or_default(device, None)
+        dtype = env_or_default(dtype, None)
+        if backend not in BACKENDS:
+            raise InvalidParameterError(f'backend must be one of {", ".join(BACKENDS)}, got {backend!r}')
+        self.minibatch_size = check_int('minibatch_size', minibatch_size)
+        self.num_worker_preprocess = check_int('num_worker_preprocess', num_worker_preprocess)
+        if traversal_paths is not None:
+            self.logger.warning('"traversal_paths" is deprecated; use "access_paths"')
+            access_paths = traversal_paths
+        self.access_paths = check_access_paths('access_paths', access_paths)
+        self.uri_policy = UriPolicy(
+            allow_local_files=check_bool('allow_local_files', allow_local_files),
+            local_files_root=env_or_default(local_files_root, None),
+            allow_remote=check_bool('allow_remote_uris', allow_remote_uris),
+            remote_timeout=float(remote_timeout),
+            max_bytes=check_int('max_image_bytes', max_image_bytes),
+        )
+        replicas = getattr(self.runtime_args, 'replicas', 1) or 1
+        self.backend = create_backend(
+            backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas))
+        )
+        self.preprocess_config = PreprocessConfig(
+            **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels)}
+        )
+        self.pipeline = EncodePipeline(self.backend, self.minibatch_size, self.num_worker_preprocess)
+        self.logger.info(f'ready in {time.perf_counter() - started:.1f}s: {self.backend.describe()}')
+
+    def close(self) -> None:
+        self.pipeline.close()
+        super().close()
+
+    def _bind_model_endpoints(self, *endpoints: str) -> None:
+        """Serve `/<endpoint>/<model>` (what clip-client sends for `model_name`) with the `/<endpoint>` handler."""
+        names = {self.backend.model_name, self._configured_name}
+        for endpoint in endpoints:
+            for model in names:
+                self.requests[f'{endpoint}/{model}'] = self.requests[endpoint]
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def encode_documents(self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None) -> None:
+        """Embed every text and image document in place; raise InvalidDocumentError naming the bad ones.
+
+        `skip` holds ids (Python `id()`) of documents that keep the embedding they already have.
+        """
+        skip = skip or set()
+        texts, images = split_texts_images(d for d in docs if id(d) not in skip)
+        times = StageTimes()
+        failures = []
+        if images:
+            loaders = [image_loader(d, self.uri_policy, self.preprocess_config) for d in images]
+            result = self.pipeline.encode_images(loaders, times)
+            for row, index in zip(result.embeddings, result.indices):
+                images[index].embedding = row
+            failures += [(images[i].id, reason) for i, reason in result.failures]
+            if drop_images:
+                for doc in images:
+                    drop_image_content(doc)
+        if texts:
+            embeddings = self.pipeline.encode_texts([d.text for d in texts], times)
+            for doc, row in zip(texts, embeddings):
+                doc.embedding = row
+                doc.mime_type = 'text'
+        if failures:
+            raise InvalidDocumentError(failures)
+
+    # ---- ranking --------------------------------------------------------------------------
+
+    def rank_documents(self, docs: DocumentArray, parameters: dict, reuse_embeddings: bool) -> None:
+        """Score and sort each root document's matches as clip-as-service's /rank does."""
+        options = request_options(parameters, '@r', self.logger)
+        reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_embeddings))
+        problems = []
+        for query in docs:
+            if not len(query.matches) and not options.allow_empty_matches:
+                problems.append((query.id, 'has no matches to rank (send allow_empty_matches=true to pass it through)'))
+        roles = [(d, role) for q in docs for d, role in [(q, 'query'), *((m, 'match') for m in q.matches)]]
+        members = [d for d, _ in roles]
+        skip = {id(d) for d in members if reuse and d.embedding is not None}
+        for doc, role in roles:
+            if id(doc) in skip:
+                dim = np.asarray(doc.embedding).size
+                if dim != self.backend.embed_dim:
+                    problems.append((doc.id, f'{role} embedding has dimension {dim}, the model gives {self.backend.embed_dim}'))
+            elif not doc.text and not has_image(doc):
+                problems.append((doc.id, f'{role} has no text, image or embedding to rank with'))
+        if problems:
+            raise InvalidDocumentError(problems)
+        self.encode_documents(DocumentArray(members), options.drop_image_content, skip)
+        for query in docs:
+            if len(query.matches):
+                _score_and_sort(query)
+
+
+def _score_and_sort(query: Document) -> None:
+    matches = list(query.matches)
+    candidates = np.stack([np.asarray(m.embedding, dtype=np.float32).reshape(-1) for m in matches])
+    probabilities, cosines = ranking.clip_scores(np.asarray(query.embedding).reshape(-1), candidates)
+    for match, p, c in zip(matches, probabilities, cosines):
+        match.scores['clip_score'] = NamedScore(value=float(p), op_name='softmax')
+        match.scores['clip_score_cosine'] = NamedScore(value=float(c), op_name='cosine')
+        match.embedding = None
+    query.matches = DocumentArray([matches[i] for i in ranking.descending_order(probabilities)])

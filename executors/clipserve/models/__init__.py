@@ -1,0 +1,1 @@
+"""Model names, weights, configs, preprocessing and tokenization. No Jina imports here."""

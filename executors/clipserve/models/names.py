@@ -1,0 +1,75 @@
+"""Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files and `::random`.
+
+Parsing is pure string work so it can run (and fail with a helpful message) before anything heavy
+is imported. Resolving an architecture against open_clip's registry happens in `models.loading`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_MODEL = 'ViT-B-32::openai'
+RANDOM_TAG = 'random'
+CHECKPOINT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth')
+CONFIG_SUFFIX = '.json'
+
+# clip-as-service (and OpenAI's `clip` package) accepted these names; they all mean OpenAI weights.
+LEGACY_ALIASES = {
+    'ViT-B/32': 'ViT-B-32::openai',
+    'ViT-B/16': 'ViT-B-16::openai',
+    'ViT-L/14': 'ViT-L-14::openai',
+    'ViT-L/14@336px': 'ViT-L-14-336::openai',
+    'RN50': 'RN50::openai',
+    'RN101': 'RN101::openai',
+    'RN50x4': 'RN50x4::openai',
+    'RN50x16': 'RN50x16::openai',
+    'RN50x64': 'RN50x64::openai',
+}
+
+
+@dataclass(frozen=True)
+class ModelName:
+    """A parsed model name.
+
+    `arch` is an open_clip architecture name, one of clipserve's bundled configs, or a path to a
+    JSON architecture config. `pretrained` is a pretrained tag, `random`, or a checkpoint path.
+    """
+
+    arch: str
+    pretrained: str
+
+    @property
+    def is_random(self) -> bool:
+        return self.pretrained == RANDOM_TAG
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The local weights file, when `pretrained` names one."""
+        if self.pretrained.endswith(CHECKPOINT_SUFFIXES) or os.sep in self.pretrained:
+            return self.pretrained
+        return None
+
+    @property
+    def config_path(self) -> str | None:
+        """The custom architecture config file, when `arch` names one."""
+        return self.arch if self.arch.endswith(CONFIG_SUFFIX) else None
+
+    def __str__(self) -> str:
+        return f'{self.arch}::{self.pretrained}'
+
+
+def parse_model_name(name: str | None) -> ModelName:
+    """Split `name` into architecture and weights, expanding legacy aliases.
+
+    Like clip-as-service, a bare architecture means OpenAI weights (`RN50` -> `RN50::openai`).
+    """
+    if name is None or not str(name).strip():
+        name = DEFAULT_MODEL
+    name = str(name).strip()
+    name = LEGACY_ALIASES.get(name, name)
+    arch, sep, pretrained = name.partition('::')
+    arch = LEGACY_ALIASES.get(arch, arch).split('::')[0]
+    if not arch:
+        raise ValueError(f'model name {name!r} has no architecture before "::"')
+    return ModelName(arch=arch, pretrained=pretrained.strip() if sep else 'openai')

@@ -1,0 +1,112 @@
+"""Resolve parsed model names against open_clip's registry and clipserve's bundled configs.
+
+Everything here needs open_clip (and so torch); serving paths without torch never import it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import open_clip
+
+from clipserve.errors import UnknownModelError
+from clipserve.models.names import ModelName
+from clipserve.models.preprocess import PreprocessConfig
+
+BUNDLED_CONFIGS = Path(__file__).parent / 'configs'
+open_clip.add_model_config(BUNDLED_CONFIGS)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Everything needed to build a model: its open_clip config, weights source and preprocessing."""
+
+    name: ModelName
+    arch: str                    # key in open_clip's config registry
+    model_cfg: dict
+    pretrained_cfg: dict         # open_clip's entry for the tag ({} for files and random)
+    quick_gelu: bool             # the activation the weights were trained with
+    preprocess: PreprocessConfig
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.model_cfg['embed_dim'])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model_cfg.get('text_cfg', {}).get('context_length', 77))
+
+
+def known_architectures() -> list[str]:
+    return sorted(open_clip.list_models())
+
+
+def _register_config_file(path: str) -> str:
+    config = Path(path).expanduser()
+    if not config.is_file():
+        raise UnknownModelError(f'architecture config file {str(config)!r} does not exist')
+    try:
+        content = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise UnknownModelError(f'architecture config file {str(config)!r} is not valid JSON: {e}') from e
+    if not all(key in content for key in ('embed_dim', 'vision_cfg', 'text_cfg')):
+        raise UnknownModelError(
+            f'architecture config file {str(config)!r} needs the keys embed_dim, vision_cfg and text_cfg '
+            '(the format of open_clip\'s model_configs/*.json)'
+        )
+    open_clip.add_model_config(config)
+    return config.stem
+
+
+def _resolve_arch(name: ModelName) -> str:
+    if name.config_path:
+        return _register_config_file(name.config_path)
+    arch = name.arch.replace('/', '-')
+    if open_clip.get_model_config(arch) is None:
+        close = difflib.get_close_matches(arch, known_architectures(), n=5, cutoff=0.5)
+        hint = f' Did you mean: {", ".join(close)}?' if close else ''
+        raise UnknownModelError(
+            f'unknown model architecture {name.arch!r} in {str(name)!r}.{hint} '
+            'Names are "arch::pretrained" (e.g. "ViT-B-32::openai"); `python -m clipserve models` lists them.'
+        )
+    return arch
+
+
+def _resolve_tag(arch: str, name: ModelName) -> dict:
+    """open_clip's pretrained entry for the tag; clip-as-service spelled tags with '-' where open_clip uses '_'."""
+    for tag in (name.pretrained, name.pretrained.replace('-', '_')):
+        cfg = open_clip.get_pretrained_cfg(arch, tag)
+        if cfg:
+            return cfg
+    tags = open_clip.list_pretrained_tags_by_model(arch)
+    close = difflib.get_close_matches(name.pretrained.replace('-', '_'), tags, n=5, cutoff=0.4)
+    hint = f' Did you mean: {", ".join(close)}?' if close else ''
+    raise UnknownModelError(
+        f'unknown pretrained weights {name.pretrained!r} for {arch!r}.{hint} '
+        f'Known tags for {arch}: {", ".join(tags) or "none"}; '
+        'or give a checkpoint file (arch::/path/to/weights.safetensors) or "random".'
+    )
+
+
+def resolve(name: ModelName) -> ResolvedModel:
+    """Check that `name` can be built and gather its config, without loading any weights."""
+    arch = _resolve_arch(name)
+    model_cfg = open_clip.get_model_config(arch)
+    if name.is_random or name.checkpoint_path:
+        pretrained_cfg = {}
+    else:
+        pretrained_cfg = _resolve_tag(arch, name)
+    quick_gelu = bool(model_cfg.get('quick_gelu', False) or pretrained_cfg.get('quick_gelu', False))
+    image_size = model_cfg['vision_cfg'].get('image_size', 224)
+    preprocess = PreprocessConfig.from_open_clip({**pretrained_cfg, 'size': image_size})
+    return ResolvedModel(
+        name=name,
+        arch=arch,
+        model_cfg=model_cfg,
+        pretrained_cfg=pretrained_cfg,
+        quick_gelu=quick_gelu,
+        preprocess=preprocess,
+    )

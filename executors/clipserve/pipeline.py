@@ -1,0 +1,107 @@
+"""Minibatched encoding with preprocessing overlapped with inference. No Jina here.
+
+Items come in as texts or as zero-argument image loaders (which read, decode and preprocess one
+image, raising on bad input). Images of minibatch k+1 are preprocessed in a thread pool while the
+backend runs minibatch k; Pillow and numpy release the GIL, so this overlaps for real. Failures are
+collected per item, never raised mid-way, so the caller can name every bad item at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from clipserve.backends.base import Backend
+from clipserve.models.tokenizer import Tokenizer
+
+ImageLoader = Callable[[], np.ndarray]
+
+
+@dataclass
+class EncodeResult:
+    """Embeddings for the items that worked (row i belongs to item `indices[i]`) and why the others failed."""
+
+    embeddings: np.ndarray
+    indices: list[int]
+    failures: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent per stage, for metrics."""
+
+    preprocess: float = 0.0
+    inference: float = 0.0
+
+
+class EncodePipeline:
+    def __init__(self, backend: Backend, minibatch_size: int = 32, num_workers: int = 4):
+        self.backend = backend
+        self.minibatch_size = minibatch_size
+        self.tokenizer = Tokenizer(context_length=backend.context_length)
+        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix='clipserve-preprocess')
+        self._model_lock = threading.Lock()  # one forward pass at a time per replica
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def encode_texts(self, texts: Sequence[str], times: StageTimes | None = None) -> np.ndarray:
+        """float32 [N, D] embeddings for `texts`, in order."""
+        times = times or StageTimes()
+        out = np.empty((len(texts), self.backend.embed_dim), dtype=np.float32)
+        for start in range(0, len(texts), self.minibatch_size):
+            t0 = time.perf_counter()
+            tokens = self.tokenizer(list(texts[start:start + self.minibatch_size]))
+            t1 = time.perf_counter()
+            with self._model_lock:
+                out[start:start + len(tokens.input_ids)] = self.backend.encode_texts(tokens.input_ids)
+            times.preprocess += t1 - t0
+            times.inference += time.perf_counter() - t1
+        return out
+
+    def _preprocess_batch(self, loaders: Sequence[ImageLoader]):
+        return [self._pool.submit(_guarded, loader) for loader in loaders]
+
+    def encode_images(self, loaders: Sequence[ImageLoader], times: StageTimes | None = None) -> EncodeResult:
+        """Embeddings for every loader that succeeds; failures as (index, reason)."""
+        times = times or StageTimes()
+        starts = list(range(0, len(loaders), self.minibatch_size))
+        rows, indices, failures = [], [], []
+        pending = self._preprocess_batch(loaders[:self.minibatch_size]) if starts else []
+        for n, start in enumerate(starts):
+            t0 = time.perf_counter()
+            results = [future.result() for future in pending]
+            times.preprocess += time.perf_counter() - t0
+            # Queue the next minibatch's decoding before running this one through the model.
+            if n + 1 < len(starts):
+                nxt = starts[n + 1]
+                pending = self._preprocess_batch(loaders[nxt:nxt + self.minibatch_size])
+            ok = [(start + i, pixels) for i, (pixels, error) in enumerate(results) if error is None]
+            failures += [(start + i, error) for i, (_, error) in enumerate(results) if error is not None]
+            if ok:
+                batch = np.stack([pixels for _, pixels in ok])
+                del results
+                t1 = time.perf_counter()
+                with self._model_lock:
+                    rows.append(self.backend.encode_images(batch))
+                times.inference += time.perf_counter() - t1
+                indices += [i for i, _ in ok]
+                del batch, ok
+        embeddings = np.concatenate(rows) if rows else np.zeros((0, self.backend.embed_dim), np.float32)
+        return EncodeResult(embeddings=embeddings, indices=indices, failures=failures)
+
+
+def _guarded(loader: ImageLoader):
+    """Run one loader; any failure becomes that item's reason, so one bad image cannot sink the others."""
+    try:
+        return loader(), None
+    except (ValueError, OSError) as e:
+        return None, str(e) or type(e).__name__
+    except Exception as e:  # a decoder bug or MemoryError on one hostile file
+        return None, f'{type(e).__name__}: {e}'
+

@@ -1,0 +1,63 @@
+"""The README's serving command, for real: `jina flow --uses flows/torch.yml` in a subprocess."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clip_client import Client
+from jina import Client as JinaClient
+
+from .conftest import make_image
+
+ROOT = Path(__file__).resolve().parents[2]
+JINA = str(Path(sys.executable).parent / 'jina')
+
+
+def start_flow(env_extra):
+    env = {**os.environ, 'NO_VERSION_CHECK': '1', **env_extra}
+    return subprocess.Popen([JINA, 'flow', '--uses', 'flows/torch.yml'], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def stop(process):
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.stdout.read()
+
+
+def test_torch_yml_serves_clip_client(tmp_path):
+    process = start_flow({'CLIPSERVE_MODEL': 'ViT-B-32::random'})
+    try:
+        deadline = time.time() + 180
+        while not JinaClient(host='127.0.0.1', port=51000).is_flow_ready(timeout=1):
+            assert process.poll() is None, stop(process)
+            assert time.time() < deadline, 'the Flow did not become ready in 180 s'
+            time.sleep(1)
+        jpeg = tmp_path / 'dog.jpg'
+        jpeg.write_bytes(make_image(640, 480, fmt='JPEG'))
+        out = Client('grpc://127.0.0.1:51000').encode(['a photo of a dog', str(jpeg)])
+        assert isinstance(out, np.ndarray) and out.shape == (2, 512) and out.dtype == np.float32
+    finally:
+        stop(process)
+
+
+def test_offline_default_model_fails_at_once_with_guidance(tmp_path):
+    process = start_flow({'CLIPSERVE_CACHE': str(tmp_path / 'cache'), 'HF_HUB_OFFLINE': '1'})
+    try:
+        process.wait(120)
+    except subprocess.TimeoutExpired:
+        pytest.fail('the Flow kept running without weights: ' + stop(process)[-3000:])
+    output = stop(process)
+    assert process.returncode != 0
+    for fragment in ('ViT-B-32::openai', str(tmp_path / 'cache'), 'ViT-B-32::random', '.safetensors'):
+        assert fragment in output, output[-3000:]

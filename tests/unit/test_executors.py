@@ -1,0 +1,73 @@
+"""CLIPEncoder and CLIPRanker called in-process (no sockets), for what a Flow cannot observe: model calls."""
+
+import numpy as np
+import pytest
+from docarray import Document, DocumentArray
+
+from clipserve import CLIPEncoder, CLIPRanker
+from clipserve.errors import InvalidDocumentError
+
+from ..conftest import TINY
+
+
+@pytest.fixture(scope='module')
+def ranker():
+    executor = CLIPRanker(name=TINY, minibatch_size=8)
+    yield executor
+    executor.close()
+
+
+@pytest.fixture(scope='module')
+def encoder():
+    executor = CLIPEncoder(name=TINY, minibatch_size=8)
+    yield executor
+    executor.close()
+
+
+def test_reranking_pre_embedded_matches_costs_one_model_call_per_query(ranker, encoder):
+    stored = DocumentArray([Document(text=f'stored caption {i}') for i in range(100)])
+    encoder.encode(stored, {})
+    queries = DocumentArray([Document(text=f'query {q}', matches=DocumentArray(stored, copy=True)) for q in range(3)])
+    before = ranker.backend.model_calls
+    ranker.rank(queries, {})
+    assert ranker.backend.model_calls - before == 1  # three queries fit one minibatch: one forward pass
+    for query in queries:
+        scores = [m.scores['clip_score'].value for m in query.matches]
+        assert len(scores) == 100 and abs(sum(scores) - 1) < 1e-6
+
+    single = DocumentArray([Document(text='one query', matches=DocumentArray(stored, copy=True))])
+    before = ranker.backend.model_calls
+    ranker.rank(single, {})
+    assert ranker.backend.model_calls - before == 1
+
+
+def test_ranker_reencodes_when_asked(ranker):
+    matches = DocumentArray([Document(text=f'm{i}', embedding=np.ones(64, np.float32)) for i in range(4)])
+    query = DocumentArray([Document(text='q', matches=matches)])
+    before = ranker.backend.model_calls
+    ranker.rank(query, {'reuse_embeddings': False})
+    assert ranker.backend.model_calls - before == 1  # query and 4 matches in one text minibatch
+    assert len({round(m.scores['clip_score_cosine'].value, 6) for m in query[0].matches}) > 1
+
+
+def test_ranker_rejects_embeddings_of_the_wrong_dimension(ranker):
+    query = DocumentArray([Document(text='q', matches=[Document(id='short', embedding=np.ones(3))])])
+    with pytest.raises(InvalidDocumentError, match='short'):
+        ranker.rank(query, {})
+
+
+def test_encoder_rank_matches_ranker_rank(ranker, encoder):
+    def make():
+        return DocumentArray([Document(text='a dog', matches=[Document(text='dog'), Document(text='cat')])])
+
+    a, b = make(), make()
+    encoder.rank(a, {})
+    ranker.rank(b, {})
+    assert [m.text for m in a[0].matches] == [m.text for m in b[0].matches]
+    for x, y in zip(a[0].matches, b[0].matches):
+        assert abs(x.scores['clip_score'].value - y.scores['clip_score'].value) < 1e-6
+
+
+def test_model_endpoint_aliases_are_bound(encoder, ranker):
+    assert f'/rank/{TINY}' in encoder.requests
+    assert f'/rank/{TINY}' in ranker.requests

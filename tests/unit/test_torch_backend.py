@@ -1,0 +1,147 @@
+"""The PyTorch backend against open_clip itself: same model, same weights, same numbers."""
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+from PIL import Image
+
+from clipserve.backends import BackendOptions, create_backend
+from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
+from clipserve.models.preprocess import preprocess_image
+from clipserve.models.tokenizer import Tokenizer
+
+from ..conftest import TINY
+
+TEXTS = ['a photo of a dog', 'A DIAGRAM of the Moon!', '', 'emoji 🐶🐱 and ünïcödé', 'x ' * 200]
+
+
+def _images():
+    rng = np.random.default_rng(3)
+    for w, h in [(224, 224), (300, 200), (64, 500), (1, 1)]:
+        yield Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def _reference(backend):
+    """open_clip's own preprocess + tokenizer + encode on the backend's model object."""
+    cfg = backend.preprocess
+    transform = open_clip.image_transform(cfg.image_size, is_train=False, mean=cfg.mean, std=cfg.std)
+    with torch.inference_mode():
+        images = torch.stack([transform(im) for im in _images()])
+        texts = open_clip.get_tokenizer('ViT-B-32')(TEXTS)
+        return backend.model.encode_image(images).numpy(), backend.model.encode_text(texts).numpy()
+
+
+@pytest.mark.parametrize('model', [TINY, 'ViT-B-32::random'])
+def test_embeddings_equal_open_clip(model, tiny_backend):
+    backend = tiny_backend if model == TINY else create_backend('torch', model, BackendOptions(device='cpu'))
+    ref_images, ref_texts = _reference(backend)
+    pixels = np.stack([preprocess_image(im, backend.preprocess) for im in _images()])
+    ours_images = backend.encode_images(pixels)
+    ours_texts = backend.encode_texts(Tokenizer(backend.context_length)(TEXTS).input_ids)
+    image_diff = np.abs(ours_images - ref_images).max()
+    text_diff = np.abs(ours_texts - ref_texts).max()
+    print(f'\n{model}: max |ours - open_clip| images {image_diff:.2e}, texts {text_diff:.2e}')
+    assert ours_images.dtype == np.float32 and ours_texts.dtype == np.float32
+    assert image_diff < 1e-5 and text_diff < 1e-5
+
+
+def test_same_name_gives_same_weights_in_a_new_backend(tiny_backend):
+    again = create_backend('torch', TINY, BackendOptions(device='cpu'))
+    tokens = Tokenizer()(['same weights']).input_ids
+    np.testing.assert_array_equal(again.encode_texts(tokens), tiny_backend.encode_texts(tokens))
+
+
+def test_model_calls_are_counted(tiny_backend):
+    before = tiny_backend.model_calls
+    tiny_backend.encode_texts(Tokenizer()(['a', 'b']).input_ids)
+    tiny_backend.encode_images(np.zeros((2, 3, 224, 224), np.float32))
+    tiny_backend.encode_texts(np.zeros((0, 77), np.int64))  # empty input: no model call
+    assert tiny_backend.model_calls == before + 2
+
+
+@pytest.mark.parametrize('suffix', ['.safetensors', '.bin', '.pt'])
+def test_local_checkpoint_files(tmp_path, tiny_backend, suffix):
+    path = tmp_path / f'weights{suffix}'
+    state = {k: v.clone() for k, v in tiny_backend.model.state_dict().items()}
+    with torch.no_grad():
+        state['text_projection'] += 1.0  # different from the random init, so loading must really happen
+    if suffix == '.safetensors':
+        from safetensors.torch import save_file
+        save_file(state, str(path))
+    else:
+        torch.save(state, path)
+    loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu'))
+    for key, value in state.items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+
+
+def test_checkpoint_for_the_wrong_architecture(tmp_path, tiny_backend):
+    path = tmp_path / 'tiny.pt'
+    torch.save(tiny_backend.model.state_dict(), path)
+    with pytest.raises(WeightsUnavailableError, match='does not fit'):
+        create_backend('torch', f'ViT-B-32::{path}', BackendOptions(device='cpu'))
+
+
+def test_missing_checkpoint_file():
+    with pytest.raises(WeightsUnavailableError, match='does not exist'):
+        create_backend('torch', 'clipserve-tiny::/nonexistent/w.safetensors', BackendOptions(device='cpu'))
+
+
+def test_custom_architecture_config_file(tmp_path):
+    config = json.loads((Path(__file__).parents[2] / 'executors/clipserve/models/configs/clipserve-tiny.json').read_text())
+    config['embed_dim'] = 48
+    path = tmp_path / 'my-arch.json'
+    path.write_text(json.dumps(config))
+    backend = create_backend('torch', f'{path}::random', BackendOptions(device='cpu'))
+    assert backend.embed_dim == 48
+    assert backend.encode_texts(Tokenizer()(['custom']).input_ids).shape == (1, 48)
+
+
+def test_bad_config_file(tmp_path):
+    path = tmp_path / 'broken.json'
+    path.write_text('{"embed_dim": 8}')
+    with pytest.raises(UnknownModelError, match='vision_cfg'):
+        create_backend('torch', f'{path}::random', BackendOptions(device='cpu'))
+
+
+def test_cuda_requested_without_cuda_fails_clearly():
+    if torch.cuda.is_available():
+        pytest.skip('a CUDA device is present')
+    with pytest.raises(BackendUnavailableError, match='no CUDA device'):
+        create_backend('torch', TINY, BackendOptions(device='cuda'))
+
+
+def test_offline_without_cache_fails_at_once_with_guidance(tmp_path, monkeypatch):
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'empty-cache'))
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    with pytest.raises(WeightsUnavailableError) as err:
+        create_backend('torch', 'ViT-B-32::openai', BackendOptions(device='cpu'))
+    message = str(err.value)
+    assert str(tmp_path / 'empty-cache') in message
+    assert 'ViT-B-32::random' in message and '.safetensors' in message and 'CLIPSERVE_CACHE' in message
+
+
+def test_pretrained_tag_loads_offline_from_the_cache(tmp_path, monkeypatch):
+    """Lay out the cache as open_clip's hub download leaves it, then load with no network at all."""
+    cfg = open_clip.get_pretrained_cfg('ViT-B-32', 'openai')
+    repo = cfg['hf_hub'].rstrip('/')
+    snapshot = tmp_path / 'cache' / f'models--{repo.replace("/", "--")}' / 'snapshots' / ('0' * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / 'refs').mkdir()
+    (snapshot.parents[1] / 'refs' / 'main').write_text('0' * 40)
+    source = create_backend('torch', 'ViT-B-32::random', BackendOptions(device='cpu'))
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in source.model.state_dict().items()}, str(snapshot / 'open_clip_model.safetensors'))
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    loaded = create_backend('torch', 'ViT-B/32', BackendOptions(device='cpu'))
+    assert loaded.model_name == 'ViT-B-32::openai'
+    assert torch.equal(loaded.model.state_dict()['visual.proj'], source.model.state_dict()['visual.proj'])
+    # OpenAI weights were trained with QuickGELU, so the loaded model must use it
+    assert any(type(m).__name__ == 'QuickGELU' for m in loaded.model.modules())
