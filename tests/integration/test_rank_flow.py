@@ -124,3 +124,36 @@ def test_drop_image_content_is_honoured_on_rank(rank_server):
     assert out[0].embedding is not None
     kept = _post(rank_server, DocumentArray([Document(blob=make_image(seed=1), matches=_images(2, 3))]))
     assert kept[0].blob and all(m.blob for m in kept[0].matches)
+
+
+def test_http_json_as_documented(tmp_path_factory):
+    """clip-as-service's documented raw JSON (POST /post) against the HTTP gateway of flows/multi-protocol.yml."""
+    import base64
+
+    import requests
+
+    config = yaml.safe_load((ROOT / 'flows' / 'multi-protocol.yml').read_text())
+    ports = [free_port() for _ in range(3)]
+    config['with']['port'] = ports
+    path = tmp_path_factory.mktemp('flows') / 'multi-protocol.yml'
+    path.write_text(yaml.safe_dump(config))
+    os.environ['CLIPSERVE_MODEL'] = TINY
+    try:
+        with Flow.load_config(str(path)):
+            url = f'http://127.0.0.1:{ports[1]}/post'
+            png = make_image(seed=3)
+            body = {
+                'execEndpoint': '/rank',
+                'data': [{'uri': data_uri(png), 'matches': [{'text': 'a woman'}, {'text': 'a man'}]}],
+            }
+            reply = requests.post(url, json=body, timeout=60).json()
+            matches = reply['data'][0]['matches']
+            scores = [m['scores']['clip_score']['value'] for m in matches]
+            assert abs(sum(scores) - 1) < 1e-6 and scores == sorted(scores, reverse=True)
+            assert all(m['scores']['clip_score_cosine']['op_name'] == 'cosine' for m in matches)
+
+            body = {'execEndpoint': '/', 'data': [{'text': 'hello'}, {'blob': base64.b64encode(png).decode()}]}
+            data = requests.post(url, json=body, timeout=60).json()['data']
+            assert all(len(d['embedding']) == 64 for d in data)
+    finally:
+        os.environ.pop('CLIPSERVE_MODEL', None)

@@ -145,3 +145,13 @@ def test_pretrained_tag_loads_offline_from_the_cache(tmp_path, monkeypatch):
     assert torch.equal(loaded.model.state_dict()['visual.proj'], source.model.state_dict()['visual.proj'])
     # OpenAI weights were trained with QuickGELU, so the loaded model must use it
     assert any(type(m).__name__ == 'QuickGELU' for m in loaded.model.modules())
+
+
+def test_unreachable_hub_fails_fast_without_download_retries(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'empty-cache'))
+    monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')  # nothing listens on the discard port
+    with pytest.raises(WeightsUnavailableError, match='127.0.0.1 is unreachable'):
+        create_backend('torch', 'RN50::openai', BackendOptions(device='cpu'))

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 
 import open_clip
 import torch
+from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 
 from clipserve.errors import WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
@@ -23,22 +26,73 @@ PRECISIONS = {'fp32': 'fp32', 'fp16': 'fp16', 'bf16': 'bf16'}
 logger = logging.getLogger(__name__)
 
 
+def _hub_files(cfg: dict) -> tuple[str, list[str]]:
+    """(repo id, candidate file names) of a tag's Hugging Face copy, safetensors first, as open_clip asks."""
+    repo, filename = os.path.split(cfg['hf_hub'])
+    filename = filename or HF_WEIGHTS_NAME
+    names = [HF_SAFE_WEIGHTS_NAME] if filename == HF_WEIGHTS_NAME else []
+    if filename.endswith(('.bin', '.pth')) and filename != HF_WEIGHTS_NAME:
+        names.append(filename.rsplit('.', 1)[0] + '.safetensors')
+    return repo, names + [filename]
+
+
+def cached_weights(cfg: dict, target: Path) -> str | None:
+    """The tag's weights if the cache already holds them; touches no network."""
+    if not cfg.get('hf_hub'):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, names = _hub_files(cfg)
+    for name in names:
+        path = try_to_load_from_cache(repo_id=repo, filename=name, cache_dir=str(target))
+        if isinstance(path, str) and os.path.isfile(path):
+            return path
+    return None
+
+
+def _reachable(url: str, timeout: float = 3.0) -> bool:
+    """A quick TCP probe, so that being offline fails in seconds, not after minutes of download retries."""
+    if any(os.environ.get(v) for v in ('HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy')):
+        return True  # a proxy decides; let the download try
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _unavailable(resolved: ResolvedModel, target: Path, why: str) -> WeightsUnavailableError:
+    return WeightsUnavailableError(
+        f'cannot get the weights of {resolved.name}: {why}. '
+        f'They download on first use into the cache {str(target)!r} (set ${CACHE_ENV} to move it), '
+        'and that needs network access. Offline, either copy a cache that has them, '
+        f'or load a local checkpoint file with "{resolved.arch}::/path/to/weights.safetensors" '
+        f'(.safetensors, .bin or .pt), or use "{resolved.arch}::random" (random weights) for smoke runs.'
+    )
+
+
 def download_weights(resolved: ResolvedModel) -> str:
-    """The local path of the tag's weights, downloading them into the cache on first use."""
+    """The local path of the tag's weights: from the cache when there, else downloaded into it."""
     target = cache_dir()
+    cfg = resolved.pretrained_cfg
+    cached = cached_weights(cfg, target)
+    if cached:
+        return cached
+    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
+        raise _unavailable(resolved, target, 'HF_HUB_OFFLINE is set and the cache has no copy')
+    from huggingface_hub import constants
+
+    source = constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', '')
+    if source and not _reachable(source):
+        raise _unavailable(resolved, target, f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy')
     try:
         target.mkdir(parents=True, exist_ok=True)
-        path = open_clip.download_pretrained(resolved.pretrained_cfg, cache_dir=str(target))
+        path = open_clip.download_pretrained(cfg, cache_dir=str(target))
     except Exception as e:  # network, hub and file-system errors all end here
-        raise WeightsUnavailableError(
-            f'cannot get the weights of {resolved.name} ({type(e).__name__}: {e}). '
-            f'They download on first use into the cache {str(target)!r} (set ${CACHE_ENV} to move it), '
-            'and that needs network access. Offline, either copy a cache that has them, '
-            f'or load a local checkpoint file with "{resolved.arch}::/path/to/weights.safetensors" '
-            f'(.safetensors, .bin or .pt), or use "{resolved.arch}::random" (random weights) for smoke runs.'
-        ) from e
+        raise _unavailable(resolved, target, f'{type(e).__name__}: {e}') from e
     if not path or not os.path.isfile(path):
-        raise WeightsUnavailableError(f'no weights file was found for {resolved.name} in {str(target)!r}')
+        raise _unavailable(resolved, target, 'the download left no file')
     return path
 
 
@@ -75,9 +129,10 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
     else:
         try:
             model = open_clip.create_model(resolved.arch, pretrained=checkpoint, **kwargs)
-        except RuntimeError as e:
+        except Exception as e:  # open_clip raises RuntimeError, AssertionError, KeyError... for a bad file
             raise WeightsUnavailableError(
-                f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r}: {e}'
+                f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r} '
+                f'or cannot be read ({type(e).__name__}: {e})'
             ) from e
     model.eval()
     for parameter in model.parameters():
