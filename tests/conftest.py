@@ -6,6 +6,9 @@ import pytest
 
 os.environ.setdefault('NO_VERSION_CHECK', '1')  # clip-client's PyPI check
 os.environ.setdefault('JINA_LOG_LEVEL', 'WARNING')
+# Tests run torch in this process and then start Flows; forking after OpenMP has started can hang
+# the child (libgomp is not fork-safe), so executors start in fresh interpreters.
+os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
 
 TINY = 'clipserve-tiny::random'
 

@@ -23,7 +23,7 @@ def expect_error(ports, docs, *fragments, parameters=None):
         post(ports, docs, parameters)
     message = str(err.value)
     for fragment in fragments:
-        assert fragment in message, message
+        assert fragment.lower() in message.lower(), message
     assert_still_serving(ports)
     return message
 

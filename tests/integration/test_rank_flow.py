@@ -23,7 +23,7 @@ def _flow_from_yaml(name, tmp_path_factory):
     port = free_port()
     config['with']['port'] = port
     path = tmp_path_factory.mktemp('flows') / name
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return Flow.load_config(str(path)), port
 
 
@@ -54,11 +54,21 @@ CASES = {
 }
 
 
+@pytest.fixture(scope='module')
+def reference_encoder():
+    """The same model in-process, for embeddings to recompute scores from (rank.yml serves no /encode)."""
+    from clipserve import CLIPEncoder
+
+    encoder = CLIPEncoder(name=TINY)
+    yield encoder
+    encoder.close()
+
+
 @pytest.mark.parametrize('case', list(CASES))
-def test_rank_contract(rank_server, case):
+def test_rank_contract(rank_server, reference_encoder, case):
     client = Client(rank_server)
     query = CASES[case]()
-    reference = DocumentArray([CASES[case]()])
+    reference = DocumentArray([Document(query, copy=True)])
     out = client.rank(DocumentArray([query]))
     matches = out[0].matches
     scores = np.array([m.scores['clip_score'].value for m in matches])
@@ -71,7 +81,7 @@ def test_rank_contract(rank_server, case):
     assert all(m.embedding is None for m in matches)
 
     # clip_score must equal softmax(100 x cosine) recomputed from encode() of the same inputs
-    encoded = client.encode(DocumentArray([reference[0], *reference[0].matches]))
+    encoded = reference_encoder.encode(DocumentArray([reference[0], *reference[0].matches]), {})
     q, c = encoded[0].embedding, np.stack([d.embedding for d in encoded[1:]])
     cos = c @ q / (np.linalg.norm(c, axis=1) * np.linalg.norm(q))
     expected = np.exp(100 * (cos - cos.max()))
@@ -136,7 +146,7 @@ def test_http_json_as_documented(tmp_path_factory):
     ports = [free_port() for _ in range(3)]
     config['with']['port'] = ports
     path = tmp_path_factory.mktemp('flows') / 'multi-protocol.yml'
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     os.environ['CLIPSERVE_MODEL'] = TINY
     try:
         with Flow.load_config(str(path)):

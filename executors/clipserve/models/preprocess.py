@@ -15,7 +15,8 @@ We call the same Pillow operations, so results match to the float32 rounding of
 the last step.  The one place we do not call Pillow is the memory guard for very
 elongated images (see ``_resize_crop_exact``): there we compute only the kept
 window with a NumPy transcription of Pillow's fixed-point resampler, which gives
-the same bytes as Pillow's full resize followed by the crop.
+the same bytes as Pillow's full resize followed by the crop.  It is checked
+against the installed Pillow once per process and switched off if they disagree.
 
 Decoding is defensive, because image bytes come from clients: declared sizes are
 checked before pixels are decoded, and every decode failure becomes ``ImageError``.
@@ -53,7 +54,7 @@ _RESAMPLE = {
     'bilinear': Image.Resampling.BILINEAR,
 }
 
-# Above this many pixels, Pillow's plain resize of the whole image (its horizontal
+# Above this many pixels, Pillow's plain resize of the whole image (its first-pass
 # intermediate plus the output) is mostly thrown away by the crop, so we compute
 # only the kept window instead.  4M pixels is ~16 MB at Pillow's 4 bytes/pixel.
 _PLAIN_RESIZE_MAX_PIXELS = 4_000_000
@@ -144,12 +145,14 @@ def _check_limits(width: int, height: int, config: PreprocessConfig) -> None:
         raise ImageError(f'image has no pixels ({width}x{height})')
     if width * height > config.max_pixels:
         raise ImageError(
-            f'image is {width}x{height} = {width * height} pixels, over the limit of {config.max_pixels} pixels'
+            f'image is {width}x{height} = {width * height} pixels, '
+            f'over the limit of {config.max_pixels} pixels'
         )
     ratio = max(width, height) / min(width, height)
     if ratio > config.max_aspect_ratio:
         raise ImageError(
-            f'image is {width}x{height}, aspect ratio {ratio:.1f} is over the limit of {config.max_aspect_ratio:g}'
+            f'image is {width}x{height}, aspect ratio {ratio:.1f} '
+            f'is over the limit of {config.max_aspect_ratio:g}'
         )
 
 
@@ -177,14 +180,17 @@ def open_image(data: bytes, config: PreprocessConfig) -> Image.Image:
         raise ImageError(f'unreadable image header: {exc}') from None
     _check_limits(image.width, image.height, config)
     try:
-        image.load()
-        ImageOps.exif_transpose(image, in_place=True)
+        image.load()  # decode now, so truncated data fails here and not mid-batch
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f'image too large: {exc}') from None
     except MemoryError:
         raise
     except Exception as exc:
         raise ImageError(f'truncated or corrupt image data: {exc}') from None
+    try:
+        ImageOps.exif_transpose(image, in_place=True)
+    except Exception:  # unreadable EXIF: the pixels are fine, keep them as stored
+        pass
     return image
 
 
@@ -195,9 +201,13 @@ def _array_to_uint8(array: np.ndarray) -> np.ndarray:
     if array.dtype.kind == 'f':
         if not np.isfinite(array).all():
             raise ImageError('image tensor contains NaN or infinite values')
-        low, high = float(array.min()), float(array.max())
-        scaled = array.astype(np.float64) * 255.0 if low >= 0.0 and high <= 1.0 else array.astype(np.float64)
-        return np.rint(np.clip(scaled, 0.0, 255.0)).astype(np.uint8)
+        unit_range = float(array.min()) >= 0.0 and float(array.max()) <= 1.0
+        work = array.astype(np.float64 if array.dtype == np.float64 else np.float32)  # one working copy
+        if unit_range:
+            work *= 255.0
+        np.clip(work, 0.0, 255.0, out=work)
+        np.rint(work, out=work)
+        return work.astype(np.uint8)
     return np.clip(array, 0, 255).astype(np.uint8)
 
 
@@ -206,9 +216,10 @@ def image_from_array(array: np.ndarray, config: PreprocessConfig) -> Image.Image
 
     docarray's ``convert_image_tensor_to_blob`` saves 2-D and single-channel tensors
     as 'L' and 3/4-channel ones as 'RGB' (alpha dropped, not composited), so we do
-    the same and a uint8 tensor gives exactly the pixels of its blob.  (docarray
-    also squeezes away a height or width of 1, which garbles such images; we keep
-    the shape as given there.)
+    the same and a uint8 tensor gives exactly the pixels of its blob.  Where
+    docarray is lossy we are not: floats are rounded (it truncates, and wraps
+    values outside 0..255), and a height or width of 1 stays as given (it
+    squeezes the axis away, garbling the image).
     """
     try:
         array = np.asarray(array)
@@ -219,7 +230,9 @@ def image_from_array(array: np.ndarray, config: PreprocessConfig) -> Image.Image
     if array.ndim not in (2, 3):
         raise ImageError(f'image tensor shape {array.shape} is not HxW or HxWxC')
     if array.ndim == 3 and array.shape[2] not in (1, 3, 4):
-        raise ImageError(f'image tensor shape {array.shape} has {array.shape[2]} channels, expected HxWxC with C in 1, 3, 4')
+        raise ImageError(
+            f'image tensor shape {array.shape} has {array.shape[2]} channels, expected C in 1, 3, 4 (HxWxC)'
+        )
     if 0 in array.shape:
         raise ImageError(f'image tensor shape {array.shape} is empty')
     height, width = array.shape[:2]
@@ -273,7 +286,7 @@ _KERNELS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = {
 
 
 def _axis_taps(in_size: int, out_size: int, start: int, count: int, interpolation: str):
-    """Source indices and fixed-point weights for outputs [start, start + count) of in_size -> out_size.
+    """Source indices and fixed-point weights for outputs [start, start + count) of an axis resize.
 
     This is Pillow's precompute_coeffs + normalize_coeffs_8bpc for a whole-image
     resize, evaluated only at the outputs we keep.  Pillow's ``box`` argument
@@ -290,7 +303,8 @@ def _axis_taps(in_size: int, out_size: int, start: int, count: int, interpolatio
     last = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size)
     used = np.arange(ksize)[None, :] < (last - first)[:, None]
     index = first[:, None] + np.arange(ksize)[None, :]
-    weights = np.where(used, kernel((index.astype(np.float64) - center[:, None] + 0.5) * (1.0 / filterscale)), 0.0)
+    offsets = (index.astype(np.float64) - center[:, None] + 0.5) * (1.0 / filterscale)
+    weights = np.where(used, kernel(offsets), 0.0)
     total = np.zeros(count, dtype=np.float64)
     for tap in range(ksize):  # sequential sum, as in C, so the rounding matches
         total = total + weights[:, tap]
@@ -314,7 +328,7 @@ def _resample_axis(pixels: np.ndarray, index: np.ndarray, fixed: np.ndarray, axi
 
 
 def _vertical_first_pillow13(width: int, height: int, new_width: int, new_height: int) -> bool:
-    """Pillow >= 13 runs the vertical pass first when height shrinks by over twice what width does."""
+    """Newer Pillow (13 here, PR #9549) does the vertical pass first if height shrinks over twice as much."""
     return new_height < height and height - new_height > 2 * (width - new_width)
 
 
@@ -326,8 +340,13 @@ def _vertical_first_never(width: int, height: int, new_width: int, new_height: i
 _PASS_ORDER_RULES = (_vertical_first_pillow13, _vertical_first_never)
 
 
-def _resize_crop_exact(image: Image.Image, new_size: tuple[int, int], crop: tuple[int, int, int, int],
-                       interpolation: str, vertical_first: Callable[[int, int, int, int], bool]) -> Image.Image:
+def _resize_crop_exact(
+    image: Image.Image,
+    new_size: tuple[int, int],
+    crop: tuple[int, int, int, int],
+    interpolation: str,
+    vertical_first: Callable[[int, int, int, int], bool],
+) -> Image.Image:
     """``image.resize(new_size).crop(crop)`` for 8-bit modes, computing only the crop window.
 
     Pillow's whole-image resize of a 200:1 panorama allocates the full resized
@@ -341,8 +360,11 @@ def _resize_crop_exact(image: Image.Image, new_size: tuple[int, int], crop: tupl
     width, height = image.size
     new_width, new_height = new_size
     left, top, right, bottom = crop
-    x_taps = _axis_taps(width, new_width, left, right - left, interpolation) if new_width != width else None
-    y_taps = _axis_taps(height, new_height, top, bottom - top, interpolation) if new_height != height else None
+    x_taps = y_taps = None  # None: that axis keeps its size, so Pillow skips the pass
+    if new_width != width:
+        x_taps = _axis_taps(width, new_width, left, right - left, interpolation)
+    if new_height != height:
+        y_taps = _axis_taps(height, new_height, top, bottom - top, interpolation)
     x0, x1 = (int(x_taps[0].min()), int(x_taps[0].max()) + 1) if x_taps is not None else (left, right)
     y0, y1 = (int(y_taps[0].min()), int(y_taps[0].max()) + 1) if y_taps is not None else (top, bottom)
     region = image.crop((x0, y0, x1, y1))
@@ -373,7 +395,7 @@ def _calibrated_pass_order() -> Optional[Callable[[int, int, int, int], bool]]:
     """
     rng = np.random.default_rng(0)
     probe = Image.fromarray(rng.integers(0, 256, (120, 50, 3), dtype=np.uint8))
-    sizes = [(21, 40), (30, 100), (70, 150), (40, 13)]  # vertical-first, then horizontal-first, by the 13 rule
+    sizes = [(21, 40), (30, 100), (70, 150), (40, 13)]  # by Pillow 13's rule: V first, then H first
     for rule in _PASS_ORDER_RULES:
         if all(
             np.array_equal(
@@ -392,9 +414,11 @@ def _calibrated_pass_order() -> Optional[Callable[[int, int, int, int], bool]]:
 
 
 def _plain_resize_pixels(width: int, height: int, new_width: int, new_height: int) -> int:
-    """Pixels Pillow allocates for a whole-image resize: the first pass's output plus the result."""
-    first_pass = new_width * height if not _vertical_first_pillow13(width, height, new_width, new_height) \
-        else width * new_height
+    """Roughly what Pillow allocates for a whole-image resize: first pass output plus result, in pixels."""
+    if _vertical_first_pillow13(width, height, new_width, new_height):
+        first_pass = width * new_height
+    else:
+        first_pass = new_width * height
     return first_pass + new_width * new_height
 
 

@@ -9,9 +9,9 @@ cleaned and encoded in growing prefixes. A prefix is only used where it provably
 tokens as the whole text:
 
 - ftfy fixes text one segment (line) at a time, and may rewrite a whole segment at once when it
-  detects mojibake. A segment is therefore either processed whole by ftfy, or (when none of
-  ftfy's rewrites can fire on it, which `_fix_if_simple` checks) by the few local fixes ftfy
-  would apply, which may stop anywhere.
+  detects mojibake. A segment is therefore either fixed whole by ftfy, or, when ftfy provably
+  finds no mojibake in it (`_fix_if_simple`), by the character-local fixes ftfy would apply
+  (HTML entities, ligatures, widths, quotes, line breaks, controls), which may stop at any blank.
 - HTML unescaping and whitespace splitting never reach across a space, tab, newline or form
   feed, so the cleaned prefix is cut back to the last of those: every word before it is final.
 - BPE runs per word. A word too long to encode whole is encoded from a window, and only the
@@ -28,7 +28,7 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import ftfy
 import ftfy.badness
@@ -72,6 +72,7 @@ def _byte_alphabet() -> tuple[list[int], dict[int, str]]:
 
 
 def _load_merges(path: str) -> list[tuple[str, str]]:
+    """The merges CLIP uses, best first (the file's first line is a header)."""
     with gzip.open(path, 'rt', encoding='utf-8') as f:
         lines = f.read().split('\n')
     return [tuple(line.split()) for line in lines[1:_NUM_MERGES + 1]]
@@ -82,45 +83,52 @@ def _load_merges(path: str) -> list[tuple[str, str]]:
 _SEGMENT_LEN = ftfy.TextFixerConfig().max_decode_length  # ftfy also cuts lines longer than this
 
 
-def _char_class(codes) -> str:
+def _char_class(codes: Iterable[int]) -> str:
+    """The inside of a regex character class that matches exactly these code points."""
     return ''.join(re.escape(chr(c)) for c in sorted(set(codes)))
 
 
-# Characters that some ftfy fixer rewrites, other than those `_local_fixes` handles: C1 controls,
-# ligatures, full/half-width forms, curly quotes, Unicode line breaks, surrogates, and the
-# non-ASCII characters ftfy deletes. '&' starts an HTML entity while ftfy still unescapes them.
-_REWRITTEN = (
-    _char_class([
-        *range(0x80, 0xA0), *ftfy.chardata.LIGATURES, *ftfy.chardata.WIDTH_MAP, 0x02BC, *range(0x2018, 0x2020),
-        0x2028, 0x2029, *(c for c in ftfy.chardata.CONTROL_CHARS if c > 0x7F),
-    ])
-    + '\ud800-\udfff'
+# The fixers ftfy applies a character (or escape sequence) at a time, in ftfy's order, after
+# unescaping HTML entities (just as local). When it sees no mojibake, they are all it does, and
+# unlike ftfy as a whole, they can stop at any blank.
+_LOCAL_FIXERS = (
+    ftfy.fixes.fix_latin_ligatures, ftfy.fixes.fix_character_width, ftfy.fixes.uncurl_quotes,
+    ftfy.fixes.fix_line_breaks, ftfy.fixes.fix_surrogates, ftfy.fixes.remove_terminal_escapes,
+    ftfy.fixes.remove_control_chars,
 )
-_REWRITTEN_RE = re.compile(f'[{_REWRITTEN}]')
-_REWRITTEN_OR_AMP_RE = re.compile(f'[&{_REWRITTEN}]')
-# What `_local_fixes` changes: ASCII controls (ESC starts a terminal escape) and carriage returns.
-_LOCAL_RE = re.compile('[\x00-\x08\x0b\x0d-\x1f\x7f]')
+# The characters they change (ESC starts a terminal escape); checked by the tests.
+_LOCAL_RE = re.compile('[%s\ud800-\udfff]' % _char_class([
+    *ftfy.chardata.LIGATURES, *ftfy.chardata.WIDTH_MAP, 0x02BC, *range(0x2018, 0x2020),
+    0x0D, 0x85, 0x2028, 0x2029, 0x1B, *ftfy.chardata.CONTROL_CHARS,
+]))
 # ftfy's mojibake detector; MULTILINE so that `^` also holds at each segment of a multi-line span.
 _BADNESS_RE = re.compile(ftfy.badness.BADNESS_RE.pattern, re.VERBOSE | re.MULTILINE)
-_BADNESS_WIDTH = 6  # its longest match, in characters (checked by the tests)
+_BADNESS_WIDTH = 7  # its longest match, in characters (checked by the tests)
 
 
-def _mojibake_chars(pattern: str) -> set[int]:
-    """Every non-ASCII character that ftfy's mojibake pattern names, ranges expanded and \\x escapes decoded.
-
-    Each alternative of the pattern needs one of them (checked by the tests), so text without
-    them cannot look like mojibake.
-    """
-    pattern = re.sub(r'\\x([0-9a-fA-F]{2})', lambda m: chr(int(m.group(1), 16)), pattern)
-    codes = {ord(c) for c in pattern if c > '\x7f'}
-    for i in range(1, len(pattern) - 1):
-        low, high = pattern[i - 1], pattern[i + 1]
-        if pattern[i] == '-' and max(low, high) > '\x7f' and low <= high:
-            codes.update(range(ord(low), ord(high) + 1))
+def _category_chars(names: Sequence[str]) -> set[int]:
+    """The characters of some of ftfy's mojibake categories (strings of characters and a-b ranges)."""
+    codes: set[int] = set()
+    for name in names:
+        chars = ftfy.badness.MOJIBAKE_CATEGORIES[name]
+        i = 0
+        while i < len(chars):
+            if i + 2 < len(chars) and chars[i + 1] == '-':
+                codes.update(range(ord(chars[i]), ord(chars[i + 2]) + 1))
+                i += 3
+            else:
+                codes.add(ord(chars[i]))
+                i += 1
     return codes
 
 
-_MOJIBAKE_RE = re.compile(f'[{_char_class(_mojibake_chars(ftfy.badness.BADNESS_RE.pattern))}]')
+# Every alternative of the mojibake pattern needs one of these (checked by the tests), so the
+# search can start near them only; plain accented, Greek or Cyrillic text has few of them.
+_MOJIBAKE_RE = re.compile('[%s]' % _char_class(
+    _category_chars(['c1', 'bad', 'law', 'currency', 'start_punctuation', 'end_punctuation', 'numeric', 'box',
+                     'upper_accented'])
+    | {ord(c) for c in 'œÙЂ°'}
+))
 _MOJIBAKE_ANCHORS = 256  # past this many such characters, one plain search is cheaper
 
 
@@ -138,30 +146,33 @@ def _looks_bad(text: str) -> bool:
     return False
 
 
-def _local_fixes(text: str) -> str:
-    """The fixes ftfy applies to text it finds no mojibake in, in ftfy's order."""
-    if not _LOCAL_RE.search(text):
-        return text
-    text = ftfy.fixes.fix_line_breaks(text)
-    text = ftfy.fixes.remove_terminal_escapes(text)
-    return ftfy.fixes.remove_control_chars(text)
+def _local_fixes(text: str, unescape: bool) -> str:
+    """What ftfy does to text with no mojibake; `unescape`: whether it still unescapes HTML here."""
+    if unescape and '&' in text:
+        text = ftfy.fixes.unescape_html(text)
+    if _LOCAL_RE.search(text):
+        for fix in _LOCAL_FIXERS:
+            text = fix(text)
+    return text
 
 
-def _fix_if_simple(span: str, amp_ok: bool) -> str | None:
-    """`ftfy.fix_text(span)` when it provably reduces to `_local_fixes`, else None.
+def _fix_if_simple(span: str, unescape: bool) -> str | None:
+    """`ftfy.fix_text(span)` when it provably amounts to `_local_fixes`, else None.
 
-    `span` is whole ftfy segments. ftfy then leaves it alone apart from the local fixes, as long
-    as no fixer has anything to rewrite, the result is NFC, and the mojibake detector fires
-    neither before nor after. Unlike ftfy's own output, these fixes can stop anywhere.
+    `span` is whole ftfy segments. ftfy loops over its fixers until nothing changes: here the
+    first round finds no mojibake after unescaping, and a second round would change nothing.
+    Every mojibake pattern needs a non-ASCII character, so ASCII text never looks like it.
     """
-    if (_REWRITTEN_RE if amp_ok else _REWRITTEN_OR_AMP_RE).search(span):
+    text = ftfy.fixes.unescape_html(span) if unescape and '&' in span else span
+    if not text.isascii() and _looks_bad(text):
         return None
-    fixed = _local_fixes(span)
-    if span.isascii():  # always NFC, and every mojibake pattern needs a non-ASCII character
-        return fixed
-    if not unicodedata.is_normalized('NFC', fixed) or _looks_bad(span):
-        return None
-    if fixed is not span and _looks_bad(fixed):
+    fixed = _local_fixes(text, unescape=False)
+    if fixed is not span:
+        if unescape and '&' in fixed and ftfy.fixes.unescape_html(fixed) != fixed:
+            return None
+        if _LOCAL_RE.search(fixed) or fixed is not text and not fixed.isascii() and _looks_bad(fixed):
+            return None
+    if not fixed.isascii() and not unicodedata.is_normalized('NFC', fixed):
         return None
     return fixed
 
@@ -191,18 +202,26 @@ def _middle_boundary(text: str, start: int, end: int) -> int:
 def _fix_span(text: str, start: int, end: int, first_lt: int, out: list[str]) -> None:
     """Append ftfy.fix_text's output for text[start:end], a run of whole segments, to `out`.
 
-    Runs ftfy itself only on the segments that need it, found by halving; ftfy stops unescaping
-    HTML from the segment that holds the first '<' on (`first_lt`).
+    Runs ftfy itself only on the segments that need it, found by halving. ftfy unescapes HTML
+    in the segments before the one that holds the first '<' (`first_lt`; len(text) if none).
     """
     if end - start <= _SEGMENT_LEN:
-        fixed = _fix_if_simple(text[start:end], amp_ok=0 <= first_lt < start)
-        if fixed is not None:
-            out.append(fixed)
-            return
-        if _segment_end(text, start) == end:
-            unescape = first_lt < 0 or first_lt >= end
-            out.append(ftfy.fix_text(text[start:end]) if unescape else ftfy.fix_text(text[start:end], unescape_html=False))
-            return
+        single = _segment_end(text, start) == end
+        if first_lt >= end:
+            unescape = True
+        elif first_lt < start or single:
+            unescape = False
+        else:
+            unescape = None  # ftfy unescapes the segments before the first '<', not those after
+        if unescape is not None:
+            fixed = _fix_if_simple(text[start:end], unescape)
+            if fixed is not None:
+                out.append(fixed)
+                return
+            if single:
+                options = {} if unescape else {'unescape_html': False}
+                out.append(ftfy.fix_text(text[start:end], **options))
+                return
     middle = _middle_boundary(text, start, end)
     _fix_span(text, start, middle, first_lt, out)
     _fix_span(text, middle, end, first_lt, out)
@@ -228,8 +247,14 @@ def _clean_words(fixed: str) -> str:
 def clean_text(text: str) -> str:
     """open_clip's clean='lower' (ftfy, unescape HTML twice, collapse whitespace, lower-case)."""
     out: list[str] = []
-    _fix_span(text, 0, len(text), text.find('<'), out)
+    _fix_span(text, 0, len(text), _first_lt(text), out)
     return _clean_words(''.join(out))
+
+
+def _first_lt(text: str) -> int:
+    """Where the first '<' is (ftfy stops unescaping HTML from its segment on), or len(text)."""
+    position = text.find('<')
+    return len(text) if position < 0 else position
 
 
 class _CleanStream:
@@ -237,23 +262,32 @@ class _CleanStream:
 
     Raw text is consumed up to `pos`, always a point where ftfy's output may be cut: a segment
     boundary, or just past a space/tab/form feed inside a simple segment (ending at `simple_end`).
-    Fixed text after the last delimiter (`carry`) may be the start of a longer word, so it waits.
+    Fixed text after the last delimiter (`carry`) may be the start of a longer word, so it waits;
+    so does fixed text beyond what was asked for (`pending`, starting at a word boundary).
     """
 
     def __init__(self, text: str):
         self.text = text
         self.pos = 0
         self.simple_end = 0
-        self.first_lt = text.find('<')
+        self.first_lt = _first_lt(text)
+        self.unescape = False  # whether ftfy unescapes HTML in the simple segment
         self.carry = ''
+        self.pending = ''
 
     @property
     def finished(self) -> bool:
-        return self.pos >= len(self.text)
+        return self.pos >= len(self.text) and not self.pending
 
     def next_words(self, size: int) -> str:
-        """Cleaned whole words from about `size` more raw characters; everything left at the end."""
-        fixed = self._fix_until(_next_delimiter(self.text, self.pos + size))
+        """Cleaned whole words from about `size` more characters; everything left at the end."""
+        if self.pending:
+            fixed, self.pending = self.pending, ''
+        else:
+            fixed = self._fix_until(_next_delimiter(self.text, self.pos + size))
+        if len(fixed) > 2 * size:  # a segment ftfy had to fix whole: clean only what was asked for
+            cut = _next_delimiter(fixed, size)
+            fixed, self.pending = fixed[:cut], fixed[cut:]
         if self.finished:
             words, self.carry = self.carry + fixed, ''
             return _clean_words(words)
@@ -267,11 +301,11 @@ class _CleanStream:
     def _fix_until(self, stop: int) -> str:
         """ftfy's output from `pos` to the last cut point at or before `stop` (or past it, to a segment's end)."""
         text, pos, out = self.text, self.pos, []
-        if pos < self.simple_end:  # inside a simple segment: its local fixes may stop at any blank
+        if pos < self.simple_end:  # inside a simple segment: its fixes may stop at any blank
             if stop < self.simple_end:
                 self.pos = _last_blank(text, pos, stop)
-                return _local_fixes(text[pos:self.pos])
-            out.append(_local_fixes(text[pos:self.simple_end]))
+                return _local_fixes(text[pos:self.pos], self.unescape)
+            out.append(_local_fixes(text[pos:self.simple_end], self.unescape))
             pos = self.simple_end
         if pos < stop:
             start = _segment_start(text, stop - 1)
@@ -281,13 +315,14 @@ class _CleanStream:
             _fix_span(text, pos, start, self.first_lt, out)
             pos = start
             if pos < stop:  # stop falls inside the segment [start, end)
-                if _fix_if_simple(text[start:end], amp_ok=0 <= self.first_lt < start) is None:
+                unescape = self.first_lt >= end
+                if _fix_if_simple(text[start:end], unescape) is None:
                     _fix_span(text, start, end, self.first_lt, out)
                     pos = end
                 else:
-                    self.simple_end = end
+                    self.simple_end, self.unescape = end, unescape
                     pos = _last_blank(text, start, stop)
-                    out.append(_local_fixes(text[start:pos]))
+                    out.append(_local_fixes(text[start:pos], unescape))
         self.pos = pos
         return ''.join(out)
 
@@ -364,7 +399,7 @@ def _merge(
 class TokenBatch:
     """Token ids ready for a CLIP text tower, with the mask and lengths an exported model may need."""
 
-    input_ids: np.ndarray  # int64 [B, context_length]: <sot> tokens <eot>, zero padded
+    input_ids: np.ndarray  # int64 [B, context_length]: <sot> tokens <eot>, zero padded; a truncated row ends in <eot>
     attention_mask: np.ndarray  # int64 [B, context_length]: 1 on real tokens (sot..eot), else 0
     lengths: np.ndarray  # int64 [B]: real tokens per row (sot..eot inclusive)
 
@@ -455,30 +490,26 @@ class Tokenizer:
         return tuple(self._encoder[s] for s in merged)
 
     def _encode_long_word(self, word: str, need: int) -> list[int]:
-        """The first `need` ids of a long word, from growing windows of it; exact as the whole word's.
+        """The first `need` ids of a long word, exactly as the whole word's, from growing windows of it.
 
-        A window yields the symbols `_merge` proves final; the next window is twice as long.
+        A window yields the symbols that `_merge` proves final; the next window is twice as long.
         """
         window = _FIRST_WINDOW
         while window < len(word):
-            chars = self._symbols(word[:window + self._longest_token])  # the window plus what may follow it
+            chars = self._symbols(word[:window + self._longest_token])  # the window, then what may follow it
             size = len(self._symbols(word[:window]))
             whole = window + self._longest_token >= len(word)
-
-            def next_tokens(pos: int) -> list[str]:
-                found = []
-                for length in range(1, self._longest_token + 1):
-                    token = chars[pos:pos + length]
-                    if len(token) < length:
-                        break
-                    if whole and pos + length == len(chars):
-                        token += '</w>'
-                    if token in self._encoder:
-                        found.append(token)
-                return found
-
-            merged, final = _merge(list(chars[:size]), self._ranks, next_tokens)
+            merged, final = _merge(list(chars[:size]), self._ranks, functools.partial(self._tokens_at, chars, whole))
             if final >= need:
                 return [self._encoder[s] for s in merged[:need]]
             window *= 2
         return list(self._encode_word(word)[:need])
+
+    def _tokens_at(self, chars: str, whole: bool, pos: int) -> list[str]:
+        """Every vocabulary token that chars[pos:] starts with; when `whole`, chars ends the word (and so with </w>)."""
+        found = []
+        for end in range(pos + 1, min(pos + self._longest_token, len(chars)) + 1):
+            token = chars[pos:end] + ('</w>' if whole and end == len(chars) else '')
+            if token in self._encoder:
+                found.append(token)
+        return found
