@@ -18,10 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 JINA = str(Path(sys.executable).parent / 'jina')
 
 
-def start_flow(env_extra):
-    env = {**os.environ, 'NO_VERSION_CHECK': '1', **env_extra}
-    return subprocess.Popen([JINA, 'flow', '--uses', 'flows/torch.yml'], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start_flow(env_extra, log_path):
+    env = {**os.environ, 'NO_VERSION_CHECK': '1', 'COLUMNS': '1000', **env_extra}  # rich must not wrap the log
+    # a file, not a pipe: jina's tracebacks can fill a pipe's buffer and block the process
+    log = open(log_path, 'w')
+    process = subprocess.Popen([JINA, 'flow', '--uses', 'flows/torch.yml'], cwd=ROOT, env=env,
+                               stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process.log_path = log_path
+    return process
 
 
 def stop(process):
@@ -32,11 +36,11 @@ def stop(process):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    return process.stdout.read()
+    return Path(process.log_path).read_text()
 
 
 def test_torch_yml_serves_clip_client(tmp_path):
-    process = start_flow({'CLIPSERVE_MODEL': 'ViT-B-32::random'})
+    process = start_flow({'CLIPSERVE_MODEL': 'ViT-B-32::random'}, tmp_path / 'flow.log')
     try:
         deadline = time.time() + 180
         while not JinaClient(host='127.0.0.1', port=51000).is_flow_ready(timeout=1):
@@ -52,7 +56,7 @@ def test_torch_yml_serves_clip_client(tmp_path):
 
 
 def test_offline_default_model_fails_at_once_with_guidance(tmp_path):
-    process = start_flow({'CLIPSERVE_CACHE': str(tmp_path / 'cache'), 'HF_HUB_OFFLINE': '1'})
+    process = start_flow({'CLIPSERVE_CACHE': str(tmp_path / 'cache'), 'HF_HUB_OFFLINE': '1'}, tmp_path / 'flow.log')
     try:
         process.wait(120)
     except subprocess.TimeoutExpired:

@@ -5,7 +5,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import ftfy
@@ -144,15 +143,10 @@ def _one_megabyte_of_words(seed=0):
     return ' '.join(rng.choice(words) for _ in range(250_000))[:1_000_000]
 
 
-def test_one_megabyte_text_matches_open_clip_and_is_fast(ours, ref):
+def test_one_megabyte_text_matches_open_clip(ours, ref):
     text = _one_megabyte_of_words()
     assert len(text) == 1_000_000
     assert_same(ours, ref, [text])
-    ours(text)
-    start = time.perf_counter()
-    ours(text)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, f'{elapsed * 1000:.0f} ms'  # ~10 ms here; generous for a busy CI machine
 
 
 def test_long_texts_are_not_fixed_whole(ours, monkeypatch):
@@ -189,13 +183,8 @@ PATHOLOGICAL = {
 
 
 @pytest.mark.parametrize('name', PATHOLOGICAL)
-def test_pathological_megabytes_never_fail_and_stay_fast(ours, name):
-    text = PATHOLOGICAL[name]
-    ours(text)
-    start = time.perf_counter()
-    batch = ours(text)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f'{name}: {elapsed * 1000:.0f} ms'  # 5-60 ms here
+def test_pathological_megabytes_never_fail(ours, name):
+    batch = ours(PATHOLOGICAL[name])
     assert batch.input_ids[0, 0] == ours.sot_token_id
     assert batch.input_ids[0, batch.lengths[0] - 1] == ours.eot_token_id
 
