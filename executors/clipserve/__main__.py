@@ -1,4 +1,5 @@
-"""Command line: `python -m clipserve [flow.yml]` serves a Flow; `python -m clipserve models` lists models.
+"""Command line: `python -m clipserve [flow.yml]` serves a Flow; `... models` lists models;
+`... export onnx NAME OUT_DIR` exports a model to ONNX.
 
 Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
 repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
@@ -47,10 +48,32 @@ def list_models() -> None:
     print('\nlegacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
 
 
+def export(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog='python -m clipserve export onnx',
+                                     description='Export a model to ONNX (visual.onnx, textual.onnx, clipserve.json).')
+    parser.add_argument('name', help='model name, e.g. ViT-B-32::openai')
+    parser.add_argument('out_dir', help='directory to write')
+    parser.add_argument('--opset', type=int, default=18)
+    parser.add_argument('--external-data', action='store_true', help='keep weights in .onnx.data files')
+    parser.add_argument('--cache', action='store_true', help=argparse.SUPPRESS)  # atomic write, used by the server
+    args = parser.parse_args(argv)
+    from clipserve.backends.onnx_export import export_onnx, export_to_cache
+
+    if args.cache:
+        export_to_cache(args.name, Path(args.out_dir), opset=args.opset)
+        return
+    metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=args.external_data or None)
+    for tower, diff in metadata['max_abs_diff'].items():
+        print(f'{tower}.onnx: max |onnxruntime - torch| = {diff:.2e}')
+    print(f'wrote {args.out_dir}: {metadata["model"]}, {metadata["embed_dim"]}-d, opset {metadata["opset"]}')
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['models']:
         return list_models()
+    if argv[:2] == ['export', 'onnx']:
+        return export(argv[2:])
     parser = argparse.ArgumentParser(prog='python -m clipserve', description='Serve a clipserve Flow.')
     parser.add_argument('flow', nargs='?', help=f'Flow YAML path or a name in flows/ (default {DEFAULT_FLOW})')
     parser.add_argument('-i', action='store_true', help='read the Flow YAML from standard input')

@@ -7,12 +7,13 @@ writes embeddings and scores back in place, and turns bad input into one clear e
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
 from docarray import Document, DocumentArray
 from docarray.score import NamedScore
-from jina import Executor
+from jina import Executor, requests
 
 from clipserve import ranking
 from clipserve.backends import BACKENDS, BackendOptions, create_backend
@@ -53,6 +54,7 @@ class CLIPExecutorBase(Executor):
         remote_timeout: float = 10.0,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 50_000_000,
+        model_path: str | None = None,
         traversal_paths: str | None = None,
         **kwargs,
     ):
@@ -80,7 +82,8 @@ class CLIPExecutorBase(Executor):
         )
         replicas = getattr(self.runtime_args, 'replicas', 1) or 1
         self.backend = create_backend(
-            backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas))
+            backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas)),
+            model_path=env_or_default(model_path, None),
         )
         self.preprocess_config = PreprocessConfig(
             **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels)}
@@ -98,6 +101,17 @@ class CLIPExecutorBase(Executor):
         for endpoint in endpoints:
             for model in names:
                 self.requests[f'{endpoint}/{model}'] = self.requests[endpoint]
+
+    @requests(on='/clipserve/info')
+    def info(self, **kwargs):
+        """What this replica serves, for operators and tests (read with `return_responses=True`)."""
+        b = self.backend
+        return {
+            'model': b.model_name, 'backend': b.name, 'device': b.device, 'dtype': b.dtype,
+            'embed_dim': b.embed_dim, 'image_size': b.image_size, 'trims_padding': b.trims_padding,
+            'model_calls': b.model_calls, 'images_encoded': b.images_encoded, 'texts_encoded': b.texts_encoded,
+            'torch_imported': 'torch' in sys.modules, 'pid': os.getpid(),
+        }
 
     # ---- encoding -------------------------------------------------------------------------
 

@@ -155,3 +155,23 @@ def test_unreachable_hub_fails_fast_without_download_retries(tmp_path, monkeypat
     monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')  # nothing listens on the discard port
     with pytest.raises(WeightsUnavailableError, match='127.0.0.1 is unreachable'):
         create_backend('torch', 'RN50::openai', BackendOptions(device='cpu'))
+
+
+@pytest.mark.parametrize('model', [TINY, 'ViT-B-32::random'])
+def test_padding_trim_is_exact(model, tiny_backend):
+    backend = tiny_backend if model == TINY else create_backend('torch', model, BackendOptions(device='cpu'))
+    assert backend.trims_padding
+    texts = ['a dog', 'a much longer caption about a dog sitting on a red chair in the garden', '!', '']
+    tokens = Tokenizer(backend.context_length)(texts)
+    trimmed = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    with torch.inference_mode():
+        full = backend.model.encode_text(torch.from_numpy(tokens.input_ids)).numpy()
+    diff = np.abs(trimmed - full).max()
+    print(f'\n{model}: padding trim vs full 77 tokens, max abs diff {diff:.2e}')
+    assert diff < 1e-5
+
+
+def test_mask_is_derived_from_end_of_text_when_absent(tiny_backend):
+    tokens = Tokenizer()(['a dog', 'x ! ! y'])
+    np.testing.assert_allclose(tiny_backend.encode_texts(tokens.input_ids),
+                               tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask), atol=1e-6)

@@ -7,12 +7,28 @@ from clipserve.backends.base import Backend, BackendOptions
 BACKENDS = ('torch', 'onnx', 'tensorrt')
 
 
-def create_backend(kind: str, model: str | None, options: BackendOptions) -> Backend:
-    """Build the backend `kind` for `model`; imports the runtime only now."""
+def create_backend(kind: str, model: str | None, options: BackendOptions, model_path: str | None = None) -> Backend:
+    """Build the backend `kind` for `model`; imports the runtime only now.
+
+    `model_path` is a directory of exported files (onnx); the torch backend takes its weights from
+    the model name instead (`arch::/path/to/checkpoint`).
+    """
     if kind == 'torch':
+        if model_path:
+            raise ValueError('model_path is for the onnx backend; for torch, name a checkpoint: "arch::/path/to/weights"')
         from clipserve.backends.torch_backend import TorchBackend
 
         return TorchBackend(model, options)
+    if kind == 'onnx':
+        try:
+            from clipserve.backends.onnx_backend import OnnxBackend
+        except ImportError as e:
+            from clipserve.errors import BackendUnavailableError
+
+            raise BackendUnavailableError(
+                f'the onnx backend needs onnxruntime ({e}); install the onnx extra: pip install "clipserve[onnx]"'
+            ) from e
+        return OnnxBackend(model, options, model_path=model_path)
     raise ValueError(f'unknown backend {kind!r}; choose one of: {", ".join(BACKENDS)}')
 
 

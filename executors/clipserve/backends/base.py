@@ -35,6 +35,7 @@ class Backend(ABC):
     preprocess: PreprocessConfig
     device: str
     dtype: str
+    trims_padding: bool = False
 
     def __init__(self):
         self._counter_lock = threading.Lock()
@@ -60,11 +61,23 @@ class Backend(ABC):
         self._count(images=len(pixels))
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def encode_texts(self, input_ids: np.ndarray) -> np.ndarray:
-        """int64 [B, L] token ids (<sot> ... <eot>, zero padded) -> float32 [B, D] unnormalised embeddings."""
+    def encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+        """int64 [B, L] token ids (<sot> ... <eot>, zero padded) -> float32 [B, D] unnormalised embeddings.
+
+        When the backend can (`trims_padding`), the batch runs only up to its longest real text: exact
+        for CLIP's causal text tower, and several times faster for short queries.
+        """
         if len(input_ids) == 0:
             return np.zeros((0, self.embed_dim), dtype=np.float32)
-        out = self._encode_texts(input_ids)
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        if attention_mask is None:
+            # <eot> has the largest id in CLIP's vocabulary, so argmax finds each text's end.
+            lengths = input_ids.argmax(axis=1) + 1
+            attention_mask = (np.arange(input_ids.shape[1]) < lengths[:, None]).astype(np.int64)
+        if self.trims_padding:
+            longest = int(attention_mask.sum(axis=1).max())
+            input_ids, attention_mask = input_ids[:, :longest], attention_mask[:, :longest]
+        out = self._encode_texts(np.ascontiguousarray(input_ids), np.ascontiguousarray(attention_mask, dtype=np.int64))
         self._count(texts=len(input_ids))
         return np.ascontiguousarray(out, dtype=np.float32)
 
@@ -72,7 +85,7 @@ class Backend(ABC):
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray: ...
 
     @abstractmethod
-    def _encode_texts(self, input_ids: np.ndarray) -> np.ndarray: ...
+    def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
     def describe(self) -> str:
         return f'{self.model_name} on {self.name} ({self.device}, {self.dtype}, dim {self.embed_dim})'

@@ -10,6 +10,7 @@ from clipserve.errors import BackendUnavailableError
 from clipserve.models.loading import build_model
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
+from clipserve.models.towers import TextTower
 
 TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 
@@ -39,7 +40,7 @@ def pick_dtype(dtype: str | None, device: str) -> str:
 class TorchBackend(Backend):
     name = 'torch'
 
-    def __init__(self, model: str | None, options: BackendOptions = BackendOptions()):
+    def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), trim_padding: bool = True):
         super().__init__()
         self.device = pick_device(options.device)
         self.dtype = pick_dtype(options.dtype, self.device)
@@ -52,13 +53,16 @@ class TorchBackend(Backend):
         self.preprocess = resolved.preprocess
         self.model = build_model(resolved, device=self.device, precision=self.dtype)
         self._torch_dtype = TORCH_DTYPES[self.dtype]
+        self.text_tower = TextTower(self.model)
+        self.trims_padding = self.text_tower.trimmed and trim_padding
 
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             batch = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, self._torch_dtype)
             return self.model.encode_image(batch).float().cpu().numpy()
 
-    def _encode_texts(self, input_ids: np.ndarray) -> np.ndarray:
+    def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            batch = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).to(self.device)
-            return self.model.encode_text(batch).float().cpu().numpy()
+            ids = torch.from_numpy(input_ids).to(self.device)
+            mask = torch.from_numpy(attention_mask).to(self.device)
+            return self.text_tower(ids, mask).float().cpu().numpy()

@@ -1,0 +1,208 @@
+"""ONNX Runtime backend. Imports neither torch nor open_clip: an install with only the `onnx` extra serves.
+
+It loads a directory with `visual.onnx` and `textual.onnx`: one written by clipserve's exporter
+(with `clipserve.json`), or one in clip-as-service's published layout (same file and input names;
+what clipserve.json would say is then inferred from the graphs and clip-as-service's conventions).
+Given a model name instead, it exports the model once, in a separate process (which needs the
+`torch` extra), into the cache, and loads it from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from clipserve.backends.base import Backend, BackendOptions
+from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
+from clipserve.models.cache import cache_dir
+from clipserve.models.names import parse_model_name
+from clipserve.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
+
+METADATA_FILE = 'clipserve.json'  # same name as the exporter's
+EXPORT_FORMAT = 1  # bump when the exporter's output changes, so cached exports are redone
+DEFAULT_OPSET = 18  # the torch.export-based exporter needs 18 or newer
+# clip-as-service's image sizes for models whose graphs have no static input size
+_CAS_IMAGE_SIZES = {'RN50x4': 288, 'RN50x16': 384, 'RN50x64': 448, 'ViT-B-16-plus-240': 240, 'ViT-L-14-336': 336}
+_NP_TYPES = {'tensor(int32)': np.int32, 'tensor(int64)': np.int64, 'tensor(float)': np.float32,
+             'tensor(float16)': np.float16}
+
+logger = logging.getLogger(__name__)
+
+
+def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
+    """Where the export of `name` is cached: keyed by model, export settings and, for files, their identity."""
+    parsed = parse_model_name(name)
+    key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
+    for path in (parsed.checkpoint_path, parsed.config_path):
+        if path and os.path.isfile(path):
+            stat = os.stat(path)
+            key += f'|{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'
+    readable = re.sub(r'[^A-Za-z0-9._-]+', '-', str(parsed))[-60:].strip('-')
+    return cache_dir() / 'onnx' / f'{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}'
+
+
+def export_in_subprocess(name: str, target: Path) -> None:
+    """Run the exporter in another interpreter, so that this serving process never imports torch."""
+    logger.info('exporting %s to ONNX into %s (first use; later starts load the cached files)', name, target)
+    result = subprocess.run(
+        [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', name, str(target)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        if 'No module named' in result.stderr and ('torch' in result.stderr or 'open_clip' in result.stderr):
+            raise BackendUnavailableError(
+                f'exporting {name} to ONNX needs PyTorch: install the torch extra (pip install "clipserve[torch]"), '
+                'or export on another machine with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR'
+            )
+        raise WeightsUnavailableError(f'exporting {name} to ONNX failed:\n{result.stderr[-4000:]}')
+
+
+def _static(dim) -> int | None:
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def _providers(device: str) -> list:
+    if device == 'cpu':
+        return ['CPUExecutionProvider']
+    index = int(device.split(':')[1]) if ':' in device else 0
+    return [('CUDAExecutionProvider', {'device_id': index}), 'CPUExecutionProvider']
+
+
+class OnnxBackend(Backend):
+    name = 'onnx'
+
+    def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), model_path: str | None = None):
+        super().__init__()
+        self.device = self._pick_device(options.device)
+        self.dtype = options.dtype or ('fp16' if self.device.startswith('cuda') else 'fp32')
+        if self.dtype not in ('fp32', 'fp16'):
+            raise BackendUnavailableError(f'the onnx backend runs fp32 or fp16, not {self.dtype!r}')
+        if self.dtype == 'fp16' and self.device == 'cpu':
+            raise BackendUnavailableError('fp16 ONNX models run on CUDA only; use dtype "fp32" on the CPU')
+        folder = self._locate(model, model_path)
+        metadata = self._read_metadata(folder, model)
+        self.model_name = metadata['model']
+        self.folder = folder
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session_options.inter_op_num_threads = 1
+        if options.num_threads:
+            session_options.intra_op_num_threads = options.num_threads
+        self.visual = self._session(folder / 'visual.onnx', session_options)
+        self.textual = self._session(folder / 'textual.onnx', session_options)
+        self._text_inputs = {i.name: _NP_TYPES.get(i.type, np.int64) for i in self.textual.get_inputs()}
+        self._text_length = _static(self.textual.get_inputs()[0].shape[1]) if len(self.textual.get_inputs()[0].shape) > 1 else None
+        self._pixel_type = _NP_TYPES.get(self.visual.get_inputs()[0].type, np.float32)
+        self.trims_padding = self._text_length is None
+        self.context_length = metadata.get('context_length', 77)
+        self.embed_dim = metadata.get('embed_dim') or self._probe_dim(metadata['image_size'])
+        self.preprocess = PreprocessConfig(
+            image_size=metadata['image_size'], mean=tuple(metadata['mean']), std=tuple(metadata['std']),
+            interpolation=metadata.get('interpolation', 'bicubic'), resize_mode=metadata.get('resize_mode', 'shortest'),
+        )
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _pick_device(device: str | None) -> str:
+        available = ort.get_available_providers()
+        if device in (None, '', 'auto'):
+            return 'cuda' if 'CUDAExecutionProvider' in available else 'cpu'
+        device = str(device)
+        if device.startswith('cuda') and 'CUDAExecutionProvider' not in available:
+            raise BackendUnavailableError(
+                f'device {device!r} was asked for, but this onnxruntime ({ort.__version__}) has no CUDA provider '
+                f'(available: {", ".join(available)}). Install the onnx-gpu extra (onnxruntime-gpu, never together '
+                'with onnxruntime), or use device "cpu".'
+            )
+        if device != 'cpu' and not device.startswith('cuda'):
+            raise BackendUnavailableError(f'unknown device {device!r} for the onnx backend; use "cpu" or "cuda[:N]"')
+        return device
+
+    def _locate(self, model: str | None, model_path: str | None) -> Path:
+        if model_path:
+            folder = Path(model_path).expanduser()
+            missing = [f for f in ('visual.onnx', 'textual.onnx') if not (folder / f).is_file()]
+            if not folder.is_dir() or missing:
+                raise WeightsUnavailableError(
+                    f'model_path {str(folder)!r} must be a directory holding visual.onnx and textual.onnx '
+                    f'(missing: {", ".join(missing) if folder.is_dir() else "the directory itself"}); '
+                    'write one with `python -m clipserve export onnx NAME DIR`'
+                )
+            return folder
+        target = export_cache_dir(model)
+        if not (target / METADATA_FILE).is_file():
+            export_in_subprocess(str(parse_model_name(model)), target)
+        return target
+
+    @staticmethod
+    def _read_metadata(folder: Path, model: str | None) -> dict:
+        path = folder / METADATA_FILE
+        if path.is_file():
+            return json.loads(path.read_text())
+        # clip-as-service's layout: OpenAI mean/std for every model, 77 tokens, size from the graph or its table
+        name = str(parse_model_name(model)) if model else folder.name
+        visual = ort.InferenceSession(str(folder / 'visual.onnx'), providers=['CPUExecutionProvider'])
+        shape = visual.get_inputs()[0].shape
+        arch = parse_model_name(model).arch if model else ''
+        size = _static(shape[-1]) or _CAS_IMAGE_SIZES.get(arch, 224)
+        out_dim = _static(visual.get_outputs()[0].shape[-1])
+        return {'model': name, 'image_size': size, 'mean': OPENAI_MEAN, 'std': OPENAI_STD,
+                'context_length': 77, 'embed_dim': out_dim}
+
+    def _session(self, path: Path, session_options) -> ort.InferenceSession:
+        if self.dtype == 'fp16':
+            path = self._fp16_copy(path)
+        session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
+        if self.device.startswith('cuda') and session.get_providers()[0] != 'CUDAExecutionProvider':
+            # onnxruntime silently falls back to the CPU when CUDA/cuDNN libraries do not load
+            raise BackendUnavailableError(
+                f'onnxruntime could not start its CUDA provider for {path.name} (it fell back to {session.get_providers()}); '
+                'check that the CUDA and cuDNN versions match onnxruntime-gpu, or use device "cpu"'
+            )
+        return session
+
+    def _fp16_copy(self, path: Path) -> Path:
+        """Convert to fp16 once (inputs and outputs stay float32) and cache the result beside the source."""
+        digest = hashlib.sha256(f'{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}'.encode()).hexdigest()[:12]
+        target = cache_dir() / 'onnx-fp16' / f'{path.stem}-{digest}.onnx'
+        if not target.is_file():
+            import onnx
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            target.parent.mkdir(parents=True, exist_ok=True)
+            converted = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
+            tmp = target.with_suffix('.tmp')
+            onnx.save_model(converted, str(tmp), save_as_external_data=converted.ByteSize() > 2**31 - 1024**2,
+                            location=f'{target.name}.data')
+            os.replace(tmp, target)
+        return target
+
+    def _probe_dim(self, image_size: int) -> int:
+        zeros = np.zeros((1, 3, image_size, image_size), dtype=self._pixel_type)
+        return int(self.visual.run(None, {self.visual.get_inputs()[0].name: zeros})[0].shape[-1])
+
+    # ---- inference ------------------------------------------------------------------------
+
+    def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        name = self.visual.get_inputs()[0].name
+        return self.visual.run(None, {name: pixels.astype(self._pixel_type, copy=False)})[0]
+
+    def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        if self._text_length and input_ids.shape[1] != self._text_length:
+            pad = self._text_length - input_ids.shape[1]
+            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, :self._text_length]
+            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, :self._text_length]
+        feeds = {}
+        for name, np_type in self._text_inputs.items():
+            feeds[name] = (attention_mask if 'mask' in name else input_ids).astype(np_type, copy=False)
+        return self.textual.run(None, feeds)[0]

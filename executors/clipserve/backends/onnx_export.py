@@ -1,0 +1,166 @@
+"""Export a model to ONNX in clip-as-service's two-file layout, and check it against PyTorch on the spot.
+
+    python -m clipserve export onnx ViT-B-32::openai ./vit-b-32-onnx
+
+writes `visual.onnx` (input `pixel_values`), `textual.onnx` (inputs `input_ids`, `attention_mask`;
+dynamic batch and sequence axes) and `clipserve.json` (what a torch-free server needs to know:
+embedding size, preprocessing, tokenizer, opset, versions, a hash of the weights). Models above
+2 GB keep their weights in ONNX external data files next to the graphs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from clipserve import __version__
+from clipserve.backends.onnx_backend import DEFAULT_OPSET, EXPORT_FORMAT, METADATA_FILE
+from clipserve.models.loading import build_model
+from clipserve.models.names import parse_model_name
+from clipserve.models.registry import resolve
+from clipserve.models.towers import ImageTower, TextTower
+
+TOLERANCE = 1e-4
+_TWO_GB = 2 * 1024**3
+
+logger = logging.getLogger(__name__)
+
+
+class ExportError(RuntimeError):
+    """The export failed, or its output differs from PyTorch beyond the tolerance."""
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """sha256 over the parameters and buffers, by name: identifies the weights an export came from."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _parameter_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def _export(module, args, path: Path, input_names, output_name, dynamic_axes, opset: int,
+            external_data: bool | None) -> None:
+    """torch.export-based ONNX export (the TorchScript exporter bakes attention's shapes into constants)."""
+    shapes = {name: {axis: torch.export.Dim(label, min=1, max=4096 if label == 'batch' else args[0].shape[1])
+                     for axis, label in dynamic_axes[name].items()}
+              for name in input_names}
+    # Two inputs with the same named axis must share one Dim object.
+    dims = {}
+    for name in input_names:
+        shapes[name] = {axis: dims.setdefault(dynamic_axes[name][axis], dim) for axis, dim in shapes[name].items()}
+    if external_data is None:
+        external_data = _parameter_bytes(module) > _TWO_GB * 0.9
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        program = torch.onnx.export(
+            module, args, input_names=input_names, output_names=[output_name],
+            dynamic_shapes=shapes, opset_version=opset, dynamo=True, verbose=False,
+        )
+    program.save(str(path), external_data=external_data)
+
+
+def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True,
+                external_data: bool | None = None) -> dict:
+    """Export `name` to `out_dir`; returns the metadata written to clipserve.json.
+
+    `external_data`: keep weights in `<graph>.onnx.data` files (None = only when a tower exceeds ~2 GB).
+    """
+    resolved = resolve(parse_model_name(name))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(resolved, device='cpu', precision='fp32')
+    image, text = ImageTower(model).eval(), TextTower(model).eval()
+    size, context = resolved.preprocess.image_size, resolved.context_length
+    pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    ids = torch.zeros(2, context, dtype=torch.int64)
+    ids[:, 0], ids[:, 5] = 49406, 49407
+    ids[:, 1:5] = torch.randint(1, 49000, (2, 4), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(context) <= 5).long().expand(2, -1).contiguous()
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the fused attention kernel has no ONNX form
+    seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
+    try:
+        with torch.no_grad():
+            _export(image, (pixels,), out / 'visual.onnx', ['pixel_values'], 'image_embeds',
+                    {'pixel_values': {0: 'batch'}}, opset, external_data)
+            _export(text, (ids, mask), out / 'textual.onnx', ['input_ids', 'attention_mask'], 'text_embeds',
+                    {'input_ids': seq, 'attention_mask': seq}, opset, external_data)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    cfg = resolved.preprocess
+    metadata = {
+        'model': str(resolved.name),
+        'embed_dim': resolved.embed_dim,
+        'image_size': cfg.image_size,
+        'mean': list(cfg.mean),
+        'std': list(cfg.std),
+        'interpolation': cfg.interpolation,
+        'resize_mode': cfg.resize_mode,
+        'tokenizer': 'openai-clip-bpe',
+        'context_length': context,
+        'dynamic_sequence': text.trimmed,
+        'opset': opset,
+        'exporter': f'clipserve {__version__} (format {EXPORT_FORMAT}), torch {torch.__version__}',
+        'weights_sha256': weights_hash(model),
+    }
+    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    if verify:
+        metadata['max_abs_diff'] = verify_export(out, image, text)
+        (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    return metadata
+
+
+def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module) -> dict:
+    """Run both graphs in ONNX Runtime and PyTorch on fresh inputs; raise above TOLERANCE."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(1)
+    size = image.model.visual.image_size
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    pixels = rng.normal(size=(3, 3, size, size)).astype(np.float32)  # another batch size than exported
+    length = 9 if text.trimmed else text.model.positional_embedding.shape[0]
+    ids = np.zeros((3, length), dtype=np.int64)
+    ids[:, 0], ids[:, 8] = 49406, 49407
+    ids[:, 1:8] = rng.integers(1, 49000, (3, 7))
+    mask = (np.arange(length) <= 8).astype(np.int64)[None].repeat(3, 0)
+    diffs = {}
+    options = ort.SessionOptions()
+    for tower, inputs, module in (('visual', {'pixel_values': pixels}, image),
+                                  ('textual', {'input_ids': ids, 'attention_mask': mask}, text)):
+        session = ort.InferenceSession(str(out / f'{tower}.onnx'), options, providers=['CPUExecutionProvider'])
+        got = session.run(None, inputs)[0]
+        with torch.no_grad():
+            want = module(*[torch.from_numpy(v) for v in inputs.values()]).numpy()
+        diffs[tower] = float(np.abs(got - want).max())
+        logger.info('%s.onnx: max |onnxruntime - torch| = %.2e', tower, diffs[tower])
+        if not diffs[tower] <= TOLERANCE:
+            raise ExportError(f'{tower}.onnx differs from PyTorch by {diffs[tower]:.2e} (> {TOLERANCE:g}); export rejected')
+    return diffs
+
+
+def export_to_cache(name: str, target: Path, opset: int = DEFAULT_OPSET) -> Path:
+    """Export into `target` atomically (a temporary sibling directory renamed into place)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix='.export-') as tmp:
+        export_onnx(name, tmp, opset=opset)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / METADATA_FILE).is_file():  # another process won the race: fine
+                raise
+        else:
+            os.makedirs(tmp)  # so TemporaryDirectory's cleanup finds something to remove
+    return target

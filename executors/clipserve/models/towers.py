@@ -1,0 +1,63 @@
+"""The two towers of an open_clip model as separate modules, with the text tower trimmed to real tokens.
+
+CLIP's text transformer is causal and pools at the end-of-text position, so positions after it
+never influence the result: running only up to the longest real length in a batch is exact, and a
+10-word query costs ~15 of 77 positions. `TextTower` therefore accepts any sequence length up to
+the context, which is also what gives the ONNX export its dynamic sequence axis.
+"""
+
+from __future__ import annotations
+
+import torch
+from open_clip.transformer import text_global_pool
+
+
+def supports_trimming(model: torch.nn.Module) -> bool:
+    """True for open_clip's built-in text tower (causal mask, end-of-text pooling)."""
+    return (
+        getattr(model, 'attn_mask', None) is not None
+        and hasattr(model, 'positional_embedding')
+        and hasattr(model, 'token_embedding')
+        and getattr(model, 'text_pool_type', None) in ('argmax', 'eos')
+    )
+
+
+class ImageTower(torch.nn.Module):
+    """pixel_values [B, 3, S, S] -> image embeddings [B, D] (unnormalised)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(pixel_values)
+
+
+class TextTower(torch.nn.Module):
+    """input_ids, attention_mask [B, L] (L <= context) -> text embeddings [B, D] (unnormalised).
+
+    The attention mask zeroes padded positions after the final layer norm; pooling reads only the
+    end-of-text position, so this changes nothing numerically but keeps the input in exported graphs
+    (clip-as-service's ONNX layout has it).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.trimmed = supports_trimming(model)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        if not self.trimmed:
+            return m.encode_text(input_ids)
+        length = input_ids.shape[1]
+        cast_dtype = m.transformer.get_cast_dtype()
+        x = m.token_embedding(input_ids).to(cast_dtype)
+        x = x + m.positional_embedding[:length].to(cast_dtype)
+        x = m.transformer(x, attn_mask=m.attn_mask[:length, :length])
+        x = m.ln_final(x)
+        x = x * attention_mask.unsqueeze(-1).to(x.dtype)
+        x = text_global_pool(x, input_ids, m.text_pool_type, eos_token_id=getattr(m, 'text_eos_id', None))
+        if m.text_projection is not None:
+            x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
+        return x
