@@ -1,0 +1,48 @@
+"""Shared benchmark helpers: timing loops, machine facts, JSON and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / 'results'
+
+
+def items_per_second(fn, items: int, min_seconds: float = 2.0, min_runs: int = 2, warmup: int = 1) -> float:
+    """Median throughput of `fn` (which processes `items` items) over repeated runs."""
+    for _ in range(warmup):
+        fn()
+    rates, started = [], time.perf_counter()
+    while len(rates) < min_runs or time.perf_counter() - started < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        rates.append(items / (time.perf_counter() - t0))
+    rates.sort()
+    return rates[len(rates) // 2]
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+    except (OSError, StopIteration):
+        pass
+    return {'cpu': cpu, 'cores': len(os.sched_getaffinity(0)), 'python': platform.python_version(),
+            'load_avg': os.getloadavg()[0], 'when': time.strftime('%Y-%m-%d %H:%M')}
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f'{name}.json'
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
+    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return '\n'.join(lines)

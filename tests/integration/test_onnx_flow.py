@@ -1,0 +1,79 @@
+"""flows/onnx.yml against flows/torch.yml on the same ViT-B-32::random weights, through clip-client."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from clip_client import Client
+from docarray import Document, DocumentArray
+from jina import Client as JinaClient
+from jina import Flow
+
+from .conftest import data_uri, free_port, make_image
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = 'ViT-B-32::random'
+
+
+def _start(name, env, tmp_path_factory):
+    config = yaml.safe_load((ROOT / 'flows' / name).read_text())
+    port = free_port()
+    config['with']['port'] = port
+    path = tmp_path_factory.mktemp('flows') / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return Flow.load_config(str(path)), port
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope='module')
+def servers(tmp_path_factory):
+    from clipserve.backends.onnx_export import export_onnx
+
+    exported = tmp_path_factory.mktemp('vit-b-32-onnx')
+    export_onnx(MODEL, exported)
+    torch_flow, torch_port = _start('torch.yml', {'CLIPSERVE_MODEL': MODEL}, tmp_path_factory)
+    onnx_flow, onnx_port = _start('onnx.yml', {'CLIPSERVE_MODEL': MODEL, 'CLIPSERVE_MODEL_PATH': str(exported)},
+                                  tmp_path_factory)
+    with torch_flow, onnx_flow:
+        yield {'torch': torch_port, 'onnx': onnx_port}
+
+
+def test_onnx_flow_equals_torch_flow(servers):
+    texts = ['a photo of a dog', 'a diagram', 'a much longer caption about a dog sitting on a red chair']
+    images = DocumentArray([Document(blob=make_image(300, 200, seed=1)), Document(uri=data_uri(make_image(seed=2)))])
+    out = {}
+    for backend, port in servers.items():
+        client = Client(f'grpc://127.0.0.1:{port}')
+        out[backend] = (client.encode(texts), client.encode(DocumentArray(images, copy=True)).embeddings)
+    text_diff = np.abs(out['onnx'][0] - out['torch'][0]).max()
+    image_diff = np.abs(out['onnx'][1] - out['torch'][1]).max()
+    print(f'\nonnx flow vs torch flow ({MODEL}): texts {text_diff:.2e}, images {image_diff:.2e}')
+    assert out['onnx'][0].shape == (3, 512) and out['onnx'][0].dtype == np.float32
+    assert text_diff < 1e-4 and image_diff < 1e-4
+
+
+def test_rank_through_the_onnx_flow(servers):
+    client = Client(f'grpc://127.0.0.1:{servers["onnx"]}')
+    query = Document(blob=make_image(seed=3), matches=[Document(text=t) for t in ('a dog', 'a cat', 'a car')])
+    out = client.rank(DocumentArray([query]))
+    scores = [m.scores['clip_score'].value for m in out[0].matches]
+    assert abs(sum(scores) - 1) < 1e-6 and scores == sorted(scores, reverse=True)
+
+
+def test_onnx_executor_process_never_imported_torch(servers):
+    responses = JinaClient(host='127.0.0.1', port=servers['onnx']).post(
+        '/clipserve/info', DocumentArray([Document()]), return_responses=True)
+    results = responses[0].parameters['__results__']
+    info = next(v for k, v in results.items() if k.startswith('clip_o'))
+    assert info['backend'] == 'onnx' and info['model'] == MODEL
+    assert info['torch_imported'] is False
