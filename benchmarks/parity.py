@@ -73,7 +73,7 @@ def main() -> None:
             'embedding_max_abs': float(np.abs(ours - theirs).max())})
 
     print(f'\nparity with open_clip {open_clip.__version__}, model {backend.model_name}, torch {torch.__version__}\n')
-    print(f'| input | preprocess max abs diff | embedding max abs diff |\n|---|---|---|')
+    print('| input | preprocess max abs diff | embedding max abs diff |\n|---|---|---|')
     for r in rows:
         print(f"| {r['input']} | {r['preprocess_max_abs']:.2e} | {r['embedding_max_abs']:.2e} |")
     out = Path(args.out)

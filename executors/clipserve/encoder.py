@@ -18,15 +18,23 @@ class CLIPEncoder(CLIPExecutorBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._bind_model_endpoints('/rank')
+        self._bind_model_endpoints('/encode', '/rank')
 
     @requests
     def encode(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         options = request_options(parameters, self.access_paths, self.logger)
-        self.encode_documents(docs[options.access_paths], options.drop_image_content)
+        selected = docs[options.access_paths]
+        self.metrics.docs(self.backend.model_name, 'encode', len(selected))
+        self.encode_documents(selected, options.drop_image_content)
         return docs
+
+    @requests(on='/encode')
+    def encode_endpoint(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        """`/encode` bound by name too, so `/encode/<model>` can be, and multi-model Flows can route it."""
+        return self.encode(docs, parameters)
 
     @requests(on='/rank')
     def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
         self.rank_documents(docs, parameters or {}, reuse_embeddings=False)
         return docs

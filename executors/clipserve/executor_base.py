@@ -14,16 +14,64 @@ import numpy as np
 from docarray import Document, DocumentArray
 from docarray.score import NamedScore
 from jina import Executor, requests
+from jina.serve.executors import _FunctionWithSchema
 
 from clipserve import ranking
 from clipserve.backends import BACKENDS, BackendOptions, create_backend
 from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
-from clipserve.errors import InvalidDocumentError, InvalidParameterError
-from clipserve.models.names import DEFAULT_MODEL
+from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
+from clipserve.metrics import Metrics
+from clipserve.models.names import DEFAULT_MODEL, parse_model_name
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.options import check_access_paths, check_bool, check_int, env_or_default, request_options
 from clipserve.pipeline import EncodePipeline, StageTimes
 from clipserve.uris import UriPolicy
+
+
+def _canonical(model: str) -> str | None:
+    try:
+        return str(parse_model_name(model))
+    except ValueError:
+        return None
+
+
+def _pass_through(executor, **kwargs):
+    """A request for another model of this Flow: leave the documents as they are."""
+    return None
+
+
+_PASS_THROUGH = _FunctionWithSchema.get_function_with_schema(_pass_through)
+
+
+class _ModelRoutes(dict):
+    """An endpoint table that also answers `/encode/<any model>` and `/rank/<any model>`.
+
+    Jina hands a request for an unbound endpoint to the catch-all without saying which endpoint
+    was asked for, so the model named in the path would be lost. This table claims those paths
+    itself and builds their handler from the name: an alias of this model, or an unknown-model error.
+    """
+
+    def __init__(self, table, handlers, make_handler):
+        super().__init__(table)
+        self._handlers = handlers  # '/encode' -> handler, '/rank' -> handler
+        self._make_handler = make_handler
+
+    def _split(self, key):
+        if isinstance(key, str):
+            for endpoint in self._handlers:
+                if key.startswith(endpoint + '/') and len(key) > len(endpoint) + 1:
+                    return endpoint, key[len(endpoint) + 1:]
+        return None
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or self._split(key) is not None
+
+    def __missing__(self, key):
+        split = self._split(key)
+        if split is None:
+            raise KeyError(key)
+        endpoint, model = split
+        return self._make_handler(model, self._handlers[endpoint])
 
 
 def thread_budget(replicas: int) -> int | None:
@@ -55,6 +103,8 @@ class CLIPExecutorBase(Executor):
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 50_000_000,
         model_path: str | None = None,
+        serve_default: bool = True,
+        served_models: list | None = None,
         traversal_paths: str | None = None,
         **kwargs,
     ):
@@ -89,6 +139,9 @@ class CLIPExecutorBase(Executor):
             **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels)}
         )
         self.pipeline = EncodePipeline(self.backend, self.minibatch_size, self.num_worker_preprocess)
+        self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', ''))
+        self.serve_default = check_bool('serve_default', serve_default)
+        self.served_models = [str(m) for m in (served_models or [self.backend.model_name])]
         self.logger.info(f'ready in {time.perf_counter() - started:.1f}s: {self.backend.describe()}')
 
     def close(self) -> None:
@@ -96,11 +149,47 @@ class CLIPExecutorBase(Executor):
         super().close()
 
     def _bind_model_endpoints(self, *endpoints: str) -> None:
-        """Serve `/<endpoint>/<model>` (what clip-client sends for `model_name`) with the `/<endpoint>` handler."""
-        names = {self.backend.model_name, self._configured_name}
-        for endpoint in endpoints:
-            for model in names:
-                self.requests[f'{endpoint}/{model}'] = self.requests[endpoint]
+        """Route `/<endpoint>/<model>` (what clip-client sends for `parameters={'model_name': ...}`) by model.
+
+        This model, under its canonical or configured name (or any alias), gets the `/<endpoint>`
+        handler. Another model of the same Flow (`served_models`) passes through untouched, for the
+        executor that serves it. Any other name is an error listing the served models
+        (clip-as-service silently answered with whatever model it had); the executor with
+        `serve_default=True` says so. With `serve_default=False` (the extra models of a multi-model
+        Flow) every other endpoint is unbound, and other model names pass through untouched.
+        """
+        handlers = {endpoint: self.requests[endpoint] for endpoint in endpoints}
+        kept = self.requests if self.serve_default else {k: v for k, v in self.requests.items() if k == '/clipserve/info'}
+        table = _ModelRoutes(kept, handlers, self._unknown_model_handler)
+        own = {self.backend.model_name, self._configured_name}
+        others = {_canonical(m) for m in self.served_models} - {self.backend.model_name, None}
+        for endpoint, handler in handlers.items():
+            for model in own:
+                table[f'{endpoint}/{model}'] = handler
+            if self.serve_default:
+                for model in others:
+                    table[f'{endpoint}/{model}'] = _PASS_THROUGH
+        self._requests = table
+
+    def _unknown_model_handler(self, model: str, handler):
+        if _canonical(model) == self.backend.model_name:  # another spelling of this model: ViT-B/32
+            return handler
+        if not self.serve_default:  # the default executor of the Flow answers for unknown names
+            return _PASS_THROUGH
+        served = ', '.join(self.served_models)
+
+        def unknown_model(executor, **kwargs):
+            raise UnknownModelError(f'model {model!r} is not served by this Flow; served models: {served}')
+
+        return _FunctionWithSchema.get_function_with_schema(unknown_model)
+
+    async def __acall__(self, req_endpoint: str, **kwargs):
+        """Count failed requests by cause for the metrics, then let them fail as they would."""
+        try:
+            return await super().__acall__(req_endpoint, **kwargs)
+        except Exception as error:
+            self.metrics.error(self.backend.model_name, error)
+            raise
 
     @requests(on='/clipserve/info')
     def info(self, **kwargs):
@@ -122,11 +211,13 @@ class CLIPExecutorBase(Executor):
         """
         skip = skip or set()
         texts, images = split_texts_images(d for d in docs if id(d) not in skip)
-        times = StageTimes()
         failures = []
+        model = self.backend.model_name
         if images:
+            times = StageTimes()
             loaders = [image_loader(d, self.uri_policy, self.preprocess_config) for d in images]
             result = self.pipeline.encode_images(loaders, times)
+            self.metrics.stage_times(model, 'image', times.preprocess, times.inference)
             for row, index in zip(result.embeddings, result.indices):
                 images[index].embedding = row
             failures += [(images[i].id, reason) for i, reason in result.failures]
@@ -134,7 +225,9 @@ class CLIPExecutorBase(Executor):
                 for doc in images:
                     drop_image_content(doc)
         if texts:
+            times = StageTimes()
             embeddings = self.pipeline.encode_texts([d.text for d in texts], times)
+            self.metrics.stage_times(model, 'text', times.preprocess, times.inference)
             for doc, row in zip(texts, embeddings):
                 doc.embedding = row
                 doc.mime_type = 'text'

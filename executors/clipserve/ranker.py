@@ -20,5 +20,6 @@ class CLIPRanker(CLIPExecutorBase):
 
     @requests(on='/rank')
     def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
         self.rank_documents(docs, parameters or {}, reuse_embeddings=True)
         return docs

@@ -2,10 +2,13 @@
 
 import base64
 import io
+import os
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 TINY = 'clipserve-tiny::random'
@@ -47,3 +50,37 @@ def tiny_flow():
     )
     with flow:
         yield ports
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def flow_from_yaml(name: str, directory: Path, edit=None, env=None):
+    """A shipped Flow YAML loaded as is, except for what `edit(config)` changes (ports, model names).
+
+    `env` is applied while Jina reads the file (that is when `${{ ENV.X }}` is substituted).
+    """
+    from jina import Flow
+
+    config = yaml.safe_load((ROOT / 'flows' / name).read_text())
+    if edit:
+        edit(config)
+    path = Path(directory) / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = env or {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return Flow.load_config(str(path))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def set_port(config, port):
+    section = config['gateway'] if 'gateway' in config else config['with']
+    section['port'] = port
+    return config

@@ -121,3 +121,13 @@ def test_large_request_order_kept(tiny_flow):
     one_by_one = np.stack([clip_client(tiny_flow, 'grpc').encode([t])[0] for t in texts[:5]])
     together = clip_client(tiny_flow, 'grpc').encode(texts, batch_size=50)
     np.testing.assert_allclose(together[:5], one_by_one, atol=1e-5)
+
+
+def test_model_name_of_another_model_is_an_error(tiny_flow):
+    from jina.excepts import BadServer
+
+    with pytest.raises(BadServer, match='served models: clipserve-tiny::random'):
+        jina_client(tiny_flow).post('/encode/ViT-L-14::openai', DocumentArray([Document(text='x')]))
+    with pytest.raises(BadServer, match='not served'):
+        clip_client(tiny_flow, 'grpc').encode(['x'], parameters={'model_name': 'RN50'})
+

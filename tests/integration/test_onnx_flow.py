@@ -1,38 +1,14 @@
 """flows/onnx.yml against flows/torch.yml on the same ViT-B-32::random weights, through clip-client."""
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 from clip_client import Client
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
-from jina import Flow
 
-from .conftest import data_uri, free_port, make_image
+from .conftest import data_uri, flow_from_yaml, free_port, make_image, set_port
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = 'ViT-B-32::random'
-
-
-def _start(name, env, tmp_path_factory):
-    config = yaml.safe_load((ROOT / 'flows' / name).read_text())
-    port = free_port()
-    config['with']['port'] = port
-    path = tmp_path_factory.mktemp('flows') / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return Flow.load_config(str(path)), port
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope='module')
@@ -41,9 +17,11 @@ def servers(tmp_path_factory):
 
     exported = tmp_path_factory.mktemp('vit-b-32-onnx')
     export_onnx(MODEL, exported)
-    torch_flow, torch_port = _start('torch.yml', {'CLIPSERVE_MODEL': MODEL}, tmp_path_factory)
-    onnx_flow, onnx_port = _start('onnx.yml', {'CLIPSERVE_MODEL': MODEL, 'CLIPSERVE_MODEL_PATH': str(exported)},
-                                  tmp_path_factory)
+    torch_port, onnx_port = free_port(), free_port()
+    folder = tmp_path_factory.mktemp('flows')
+    torch_flow = flow_from_yaml('torch.yml', folder, lambda c: set_port(c, torch_port), {'CLIPSERVE_MODEL': MODEL})
+    onnx_flow = flow_from_yaml('onnx.yml', folder, lambda c: set_port(c, onnx_port),
+                               {'CLIPSERVE_MODEL': MODEL, 'CLIPSERVE_MODEL_PATH': str(exported)})
     with torch_flow, onnx_flow:
         yield {'torch': torch_port, 'onnx': onnx_port}
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +15,7 @@ import yaml
 from clip_client import Client
 from jina import Client as JinaClient
 
-from .conftest import TINY, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from .conftest import ROOT, TINY, free_port, set_port
 
 @pytest.mark.slow
 def test_onnx_extra_alone_serves_an_exported_model(tmp_path, tiny_backend):
@@ -35,8 +31,8 @@ def test_onnx_extra_alone_serves_an_exported_model(tmp_path, tiny_backend):
 
     exported = tmp_path / 'onnx'
     export_onnx(TINY, exported)  # exporting needs torch: done here, served from the torch-free venv
-    config = yaml.safe_load((ROOT / 'flows' / 'onnx.yml').read_text())
-    config['with']['port'] = port = free_port()
+    port = free_port()
+    config = set_port(yaml.safe_load((ROOT / 'flows' / 'onnx.yml').read_text()), port)
     flow_file = tmp_path / 'onnx.yml'
     flow_file.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, 'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_MODEL_PATH': str(exported), 'COLUMNS': '1000'}

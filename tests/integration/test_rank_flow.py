@@ -1,41 +1,22 @@
 """/rank as legacy clients read it: clip-client 0.8.3 against the shipped Flow YAMLs, and CLIPRanker in-process."""
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 from clip_client import Client
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
-from jina import Flow
 from jina.excepts import BadServer
 
-from .conftest import TINY, data_uri, free_port, make_image
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _flow_from_yaml(name, tmp_path_factory):
-    """The shipped YAML as is, on a free port instead of 51000."""
-    config = yaml.safe_load((ROOT / 'flows' / name).read_text())
-    port = free_port()
-    config['with']['port'] = port
-    path = tmp_path_factory.mktemp('flows') / name
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return Flow.load_config(str(path)), port
-
+from .conftest import TINY, data_uri, flow_from_yaml, free_port, make_image, set_port
 
 @pytest.fixture(scope='module', params=['torch.yml', 'rank.yml'])
 def rank_server(request, tmp_path_factory):
-    os.environ['CLIPSERVE_MODEL'] = TINY
-    try:
-        flow, port = _flow_from_yaml(request.param, tmp_path_factory)
-        with flow:
-            yield f'grpc://127.0.0.1:{port}'
-    finally:
-        os.environ.pop('CLIPSERVE_MODEL', None)
+    port = free_port()
+    flow = flow_from_yaml(request.param, tmp_path_factory.mktemp('flows'), lambda c: set_port(c, port),
+                          {'CLIPSERVE_MODEL': TINY})
+    with flow:
+        yield f'grpc://127.0.0.1:{port}'
+
 
 
 def _texts(*texts):
@@ -142,28 +123,22 @@ def test_http_json_as_documented(tmp_path_factory):
 
     import requests
 
-    config = yaml.safe_load((ROOT / 'flows' / 'multi-protocol.yml').read_text())
     ports = [free_port() for _ in range(3)]
-    config['with']['port'] = ports
-    path = tmp_path_factory.mktemp('flows') / 'multi-protocol.yml'
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    os.environ['CLIPSERVE_MODEL'] = TINY
-    try:
-        with Flow.load_config(str(path)):
-            url = f'http://127.0.0.1:{ports[1]}/post'
-            png = make_image(seed=3)
-            body = {
-                'execEndpoint': '/rank',
-                'data': [{'uri': data_uri(png), 'matches': [{'text': 'a woman'}, {'text': 'a man'}]}],
-            }
-            reply = requests.post(url, json=body, timeout=60).json()
-            matches = reply['data'][0]['matches']
-            scores = [m['scores']['clip_score']['value'] for m in matches]
-            assert abs(sum(scores) - 1) < 1e-6 and scores == sorted(scores, reverse=True)
-            assert all(m['scores']['clip_score_cosine']['op_name'] == 'cosine' for m in matches)
+    flow = flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
+                          {'CLIPSERVE_MODEL': TINY})
+    with flow:
+        url = f'http://127.0.0.1:{ports[1]}/post'
+        png = make_image(seed=3)
+        body = {
+            'execEndpoint': '/rank',
+            'data': [{'uri': data_uri(png), 'matches': [{'text': 'a woman'}, {'text': 'a man'}]}],
+        }
+        reply = requests.post(url, json=body, timeout=60).json()
+        matches = reply['data'][0]['matches']
+        scores = [m['scores']['clip_score']['value'] for m in matches]
+        assert abs(sum(scores) - 1) < 1e-6 and scores == sorted(scores, reverse=True)
+        assert all(m['scores']['clip_score_cosine']['op_name'] == 'cosine' for m in matches)
 
-            body = {'execEndpoint': '/', 'data': [{'text': 'hello'}, {'blob': base64.b64encode(png).decode()}]}
-            data = requests.post(url, json=body, timeout=60).json()['data']
-            assert all(len(d['embedding']) == 64 for d in data)
-    finally:
-        os.environ.pop('CLIPSERVE_MODEL', None)
+        body = {'execEndpoint': '/', 'data': [{'text': 'hello'}, {'blob': base64.b64encode(png).decode()}]}
+        data = requests.post(url, json=body, timeout=60).json()['data']
+        assert all(len(d['embedding']) == 64 for d in data)

@@ -1,7 +1,6 @@
 """ONNX export and the ONNX Runtime backend, against the torch backend on the same weights."""
 
 import json
-import os
 import subprocess
 import sys
 

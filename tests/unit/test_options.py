@@ -41,3 +41,17 @@ def test_unexpanded_env_placeholders_fall_back():
     assert env_or_default('', 'd') == 'd'
     assert env_or_default(None, 'd') == 'd'
     assert env_or_default('ViT-B-32::random', 'd') == 'ViT-B-32::random'
+
+
+def test_thread_budget_splits_cores_between_replicas(monkeypatch):
+    import os
+
+    from clipserve.executor_base import thread_budget
+
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert thread_budget(1) == cores
+    assert thread_budget(2) == max(1, cores // 2)
+    assert thread_budget(64) == 1
+    monkeypatch.setenv('OMP_NUM_THREADS', '3')
+    assert thread_budget(2) is None  # the operator decides

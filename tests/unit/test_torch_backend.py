@@ -1,8 +1,6 @@
 """The PyTorch backend against open_clip itself: same model, same weights, same numbers."""
 
-import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
