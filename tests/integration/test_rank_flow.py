@@ -1,7 +1,13 @@
 """/rank as legacy clients read it: clip-client 0.8.3 against the shipped Flow YAMLs, and CLIPRanker in-process."""
 
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+import requests
 from clip_client import Client
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
@@ -119,10 +125,6 @@ def test_drop_image_content_is_honoured_on_rank(rank_server):
 
 def test_http_json_as_documented(tmp_path_factory):
     """clip-as-service's documented raw JSON (POST /post) against the HTTP gateway of flows/multi-protocol.yml."""
-    import base64
-
-    import requests
-
     ports = [free_port() for _ in range(3)]
     flow = flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
                           {'CLIPSERVE_MODEL': TINY})
@@ -142,3 +144,9 @@ def test_http_json_as_documented(tmp_path_factory):
         body = {'execEndpoint': '/', 'data': [{'text': 'hello'}, {'blob': base64.b64encode(png).decode()}]}
         data = requests.post(url, json=body, timeout=60).json()['data']
         assert all(len(d['embedding']) == 64 for d in data)
+
+        # the health checks the README documents
+        assert requests.get(f'http://127.0.0.1:{ports[1]}/status', timeout=30).status_code == 200
+        jina = str(Path(sys.executable).parent / 'jina')
+        ping = subprocess.run([jina, 'ping', 'flow', f'grpc://127.0.0.1:{ports[0]}'], capture_output=True, timeout=120)
+        assert ping.returncode == 0, ping.stdout[-2000:]
