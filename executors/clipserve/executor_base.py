@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -105,6 +106,8 @@ class CLIPExecutorBase(Executor):
         model_path: str | None = None,
         serve_default: bool = True,
         served_models: list | None = None,
+        batch_requests: bool | None = None,
+        batch_wait_ms: float = 5.0,
         traversal_paths: str | None = None,
         **kwargs,
     ):
@@ -133,12 +136,23 @@ class CLIPExecutorBase(Executor):
         replicas = getattr(self.runtime_args, 'replicas', 1) or 1
         self.backend = create_backend(
             backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas)),
-            model_path=env_or_default(model_path, None),
+            model_path=env_or_default(model_path, None), max_batch=self.minibatch_size,
         )
         self.preprocess_config = PreprocessConfig(
             **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels)}
         )
-        self.pipeline = EncodePipeline(self.backend, self.minibatch_size, self.num_worker_preprocess)
+        concurrent = bool(getattr(self.runtime_args, 'allow_concurrent', False))
+        # (not called `dynamic_batching`: Jina passes its own argument of that name to every executor)
+        batching = concurrent if batch_requests in (None, '') else check_bool('batch_requests', batch_requests)
+        if batching and not concurrent:
+            self.logger.warning('batch_requests needs `allow_concurrent: true` on the executor to see concurrent requests')
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self.pipeline = EncodePipeline(
+            self.backend, self.minibatch_size, self.num_worker_preprocess,
+            batch_wait=float(batch_wait_ms) / 1000 if batching else None,
+            others_in_flight=lambda: self._in_flight > 1,
+        )
         self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', ''))
         self.serve_default = check_bool('serve_default', serve_default)
         self.served_models = [str(m) for m in (served_models or [self.backend.model_name])]
@@ -184,12 +198,17 @@ class CLIPExecutorBase(Executor):
         return _FunctionWithSchema.get_function_with_schema(unknown_model)
 
     async def __acall__(self, req_endpoint: str, **kwargs):
-        """Count failed requests by cause for the metrics, then let them fail as they would."""
+        """Track requests in flight (for dynamic batching) and count failures by cause (for metrics)."""
+        with self._in_flight_lock:
+            self._in_flight += 1
         try:
             return await super().__acall__(req_endpoint, **kwargs)
         except Exception as error:
             self.metrics.error(self.backend.model_name, error)
             raise
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
 
     @requests(on='/clipserve/info')
     def info(self, **kwargs):
@@ -200,6 +219,7 @@ class CLIPExecutorBase(Executor):
             'embed_dim': b.embed_dim, 'image_size': b.image_size, 'trims_padding': b.trims_padding,
             'model_calls': b.model_calls, 'images_encoded': b.images_encoded, 'texts_encoded': b.texts_encoded,
             'torch_imported': 'torch' in sys.modules, 'pid': os.getpid(),
+            'batch_requests': bool(self.pipeline._coalescers), 'requests_in_flight': self._in_flight,
         }
 
     # ---- encoding -------------------------------------------------------------------------

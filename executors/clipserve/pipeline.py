@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from clipserve.backends.base import Backend
+from clipserve.batching import Coalescer
 from clipserve.models.tokenizer import Tokenizer
 
 ImageLoader = Callable[[], np.ndarray]
@@ -40,14 +41,35 @@ class StageTimes:
 
 
 class EncodePipeline:
-    def __init__(self, backend: Backend, minibatch_size: int = 32, num_workers: int = 4):
+    """Encodes for one replica. With `batch_wait` set, concurrent requests share forward passes
+    (see clipserve.batching); otherwise each call runs the model itself, one at a time."""
+
+    def __init__(self, backend: Backend, minibatch_size: int = 32, num_workers: int = 4,
+                 batch_wait: float | None = None, others_in_flight: Callable[[], bool] = lambda: False):
         self.backend = backend
         self.minibatch_size = minibatch_size
         self.tokenizer = Tokenizer(context_length=backend.context_length)
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix='clipserve-preprocess')
         self._model_lock = threading.Lock()  # one forward pass at a time per replica
+        self._coalescers = []
+        if batch_wait is not None:
+            self._run_images = Coalescer(backend.encode_images, minibatch_size, batch_wait, others_in_flight,
+                                         name='clipserve-image-batcher')
+            self._run_texts = Coalescer(backend.encode_texts, minibatch_size, batch_wait, others_in_flight,
+                                        pad_columns=True, name='clipserve-text-batcher')
+            self._coalescers = [self._run_images, self._run_texts]
+
+    def _run_images(self, pixels: np.ndarray) -> np.ndarray:
+        with self._model_lock:
+            return self.backend.encode_images(pixels)
+
+    def _run_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        with self._model_lock:
+            return self.backend.encode_texts(input_ids, attention_mask)
 
     def close(self) -> None:
+        for coalescer in self._coalescers:
+            coalescer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def encode_texts(self, texts: Sequence[str], times: StageTimes | None = None) -> np.ndarray:
@@ -68,8 +90,9 @@ class EncodePipeline:
         for start in range(0, len(texts), self.minibatch_size):
             rows = order[start:start + self.minibatch_size]
             t1 = time.perf_counter()
-            with self._model_lock:
-                out[rows] = self.backend.encode_texts(tokens.input_ids[rows], tokens.attention_mask[rows])
+            ids, mask = tokens.input_ids[rows], tokens.attention_mask[rows]
+            longest = int(mask.sum(axis=1).max())  # trim here too, so merged batches stay small
+            out[rows] = self._run_texts(ids[:, :longest], mask[:, :longest])
             times.inference += time.perf_counter() - t1
         return out
 
@@ -96,8 +119,7 @@ class EncodePipeline:
                 batch = np.stack([pixels for _, pixels in ok])
                 del results
                 t1 = time.perf_counter()
-                with self._model_lock:
-                    rows.append(self.backend.encode_images(batch))
+                rows.append(self._run_images(batch))
                 times.inference += time.perf_counter() - t1
                 indices += [i for i, _ in ok]
                 del batch, ok

@@ -131,3 +131,19 @@ def test_model_name_of_another_model_is_an_error(tiny_flow):
     with pytest.raises(BadServer, match='not served'):
         clip_client(tiny_flow, 'grpc').encode(['x'], parameters={'model_name': 'RN50'})
 
+
+
+def test_concurrent_single_document_requests_share_forward_passes(tiny_flow):
+    def calls():
+        responses = jina_client(tiny_flow).post('/clipserve/info', DocumentArray([Document()]), return_responses=True)
+        return next(iter(responses[0].parameters['__results__'].values()))['model_calls']
+
+    texts = [f'query number {i}' for i in range(48)]
+    expected = clip_client(tiny_flow, 'grpc').encode(texts)
+    before = calls()
+    # one document per request, all streamed at once: many requests are in flight together
+    docs = DocumentArray([Document(id=str(i), text=t) for i, t in enumerate(texts)])
+    out = jina_client(tiny_flow).post('/', docs, request_size=1, results_in_order=True)
+    assert [d.id for d in out] == [str(i) for i in range(48)]
+    np.testing.assert_allclose(out.embeddings, expected, atol=1e-5)  # each request got its own rows
+    assert calls() - before < len(texts)  # fewer forward passes than requests: they were merged

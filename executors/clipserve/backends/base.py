@@ -77,6 +77,9 @@ class Backend(ABC):
         if self.trims_padding:
             longest = int(attention_mask.sum(axis=1).max())
             input_ids, attention_mask = input_ids[:, :longest], attention_mask[:, :longest]
+        elif input_ids.shape[1] < self.context_length:  # a tower that needs the full context
+            pad = ((0, 0), (0, self.context_length - input_ids.shape[1]))
+            input_ids, attention_mask = np.pad(input_ids, pad), np.pad(attention_mask, pad)
         out = self._encode_texts(np.ascontiguousarray(input_ids), np.ascontiguousarray(attention_mask, dtype=np.int64))
         self._count(texts=len(input_ids))
         return np.ascontiguousarray(out, dtype=np.float32)
