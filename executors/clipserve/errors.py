@@ -20,6 +20,10 @@ class BackendUnavailableError(ClipServeError, RuntimeError):
     """A backend or device that was asked for is not installed or not present."""
 
 
+class EngineBuildError(ClipServeError, RuntimeError):
+    """TensorRT could not parse the ONNX graph or build an engine from it; the message carries TensorRT's words."""
+
+
 class InvalidParameterError(ClipServeError, ValueError):
     """A known parameter with a wrong type or value."""
 

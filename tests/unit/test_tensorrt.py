@@ -385,6 +385,18 @@ def test_real_cuda_python_without_a_gpu():
         cuda_device(cudart, 0, 'cuda')
 
 
+def test_numpy_dtype_of_engine_tensors():
+    def nptype(data_type):
+        return {'DataType.FLOAT': np.float32}[str(data_type)]  # an nptype without INT64
+
+    trt = types.SimpleNamespace(nptype=nptype)
+    DataType = enum.Enum('DataType', 'FLOAT INT64 FP8')
+    assert trb._numpy_dtype(trt, DataType.FLOAT) == np.float32
+    assert trb._numpy_dtype(trt, DataType.INT64) == np.int64
+    with pytest.raises(EngineBuildError, match='no numpy equivalent'):
+        trb._numpy_dtype(trt, DataType.FP8)
+
+
 # ---- the export the engines are built from -----------------------------------------------------
 
 def test_model_path_must_be_a_clipserve_export(tmp_path):
@@ -466,7 +478,11 @@ class FakeTRT(types.ModuleType):
                     self.errors.append(ParserError(*fake.parse_error))
                     self.logger.log(FakeTRT.Severity.ERROR, 'ModelImporter: failed to import node')
                     return False
-                session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+                try:
+                    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+                except Exception as e:  # TensorRT returns False and records the error
+                    self.errors.append(ParserError(f'failed to load the ONNX model: {e}', -1, '', ''))
+                    return False
                 self.network.inputs = [i.name for i in session.get_inputs()]
                 self.network.path = path
                 return True

@@ -7,11 +7,14 @@ from clipserve.backends.base import Backend, BackendOptions
 BACKENDS = ('torch', 'onnx', 'tensorrt')
 
 
-def create_backend(kind: str, model: str | None, options: BackendOptions, model_path: str | None = None) -> Backend:
+def create_backend(kind: str, model: str | None, options: BackendOptions, model_path: str | None = None,
+                   max_batch: int | None = None) -> Backend:
     """Build the backend `kind` for `model`; imports the runtime only now.
 
-    `model_path` is a directory of exported files (onnx); the torch backend takes its weights from
-    the model name instead (`arch::/path/to/checkpoint`).
+    `model_path` is a directory of exported files (onnx, tensorrt); the torch backend takes its weights
+    from the model name instead (`arch::/path/to/checkpoint`). `max_batch` is the largest batch the
+    caller sends (the executor's minibatch_size): tensorrt builds its engines for 1..max_batch (default
+    32); the other backends take any batch and ignore it.
     """
     if kind == 'torch':
         if model_path:
@@ -29,6 +32,13 @@ def create_backend(kind: str, model: str | None, options: BackendOptions, model_
                 f'the onnx backend needs onnxruntime ({e}); install the onnx extra: pip install "clipserve[onnx]"'
             ) from e
         return OnnxBackend(model, options, model_path=model_path)
+    if kind == 'tensorrt':
+        # The module imports without TensorRT; its constructor imports TensorRT and, when that fails,
+        # raises BackendUnavailableError with the install command (never a fallback to another backend).
+        from clipserve.backends.tensorrt_backend import TensorRTBackend
+
+        extra = {} if max_batch is None else {'max_batch': max_batch}
+        return TensorRTBackend(model, options, model_path=model_path, **extra)
     raise ValueError(f'unknown backend {kind!r}; choose one of: {", ".join(BACKENDS)}')
 
 
