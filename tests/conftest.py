@@ -5,6 +5,7 @@ import os
 import pytest
 
 os.environ.setdefault('NO_VERSION_CHECK', '1')  # clip-client's PyPI check
+os.environ.setdefault('JINA_OPTOUT_TELEMETRY', '1')  # no calls home from test Flows
 os.environ.setdefault('JINA_LOG_LEVEL', 'WARNING')
 # Tests run torch in this process and then start Flows; forking after OpenMP has started can hang
 # the child (libgomp is not fork-safe), so executors start in fresh interpreters.

@@ -1,0 +1,119 @@
+# syntax=docker/dockerfile:1
+# clipserve container image. One Dockerfile, three variants, picked with a build argument:
+#
+#   docker build -t clipserve:cpu-torch .                                  # default: PyTorch, CPU only
+#   docker build -t clipserve:cpu-onnx --build-arg VARIANT=cpu-onnx .      # ONNX Runtime only, no torch: the smallest
+#   docker build -t clipserve:cuda     --build-arg VARIANT=cuda .          # PyTorch + onnxruntime-gpu (CUDA 13 wheels)
+#
+# The image serves a Flow: `python -m clipserve flows/torch.yml` (flows/onnx.yml for cpu-onnx),
+# gRPC on 51000. The model comes from the environment variables the flows read: CLIPSERVE_MODEL,
+# CLIPSERVE_MODEL_PATH, CLIPSERVE_DEVICE, CLIPSERVE_DTYPE. Weights are cached in the /cache volume.
+# Its working directory also holds config.yml (the CLIPEncoder hub config by default, or
+# --build-arg EXECUTOR=CLIPRanker), which is what `jina export kubernetes/docker-compose` containers
+# run as `jina executor --uses config.yml`.
+#
+# No Docker engine runs on clipserve's build machine: CI lints this file with hadolint
+# (tests/integration/test_deploy.py) but does not build it. The install line is the one CI runs,
+# `pip install -c constraints.txt .[EXTRAS]`, with the same constraints file.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG VARIANT=cpu-torch
+
+# ---- base: the Python both stages share ---------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS base
+# JINA_OPTOUT_TELEMETRY: unless this variable exists, Jina posts an event to Jina AI's telemetry
+# server whenever a Flow, Executor or Client starts. The image opts out.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    JINA_OPTOUT_TELEMETRY=1
+
+# ---- builder: a virtual environment with clipserve and one backend -----------------------------
+FROM base AS builder
+ARG VARIANT
+# The tensorrt extra (NVIDIA's TensorRT wheels, several GB) goes into the cuda image only when asked
+# for with --build-arg WITH_TENSORRT=true.
+ARG WITH_TENSORRT=false
+# PyPI's torch wheels for Linux are CUDA builds (several GB of CUDA libraries). The cpu-torch variant
+# takes the same pinned version from PyTorch's CPU-only index instead ("2.14.1+cpu" satisfies the
+# constraint "torch==2.14.1"); set this to "" to use PyPI's build.
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+RUN python -m venv /opt/venv
+WORKDIR /src
+# Only what the package build needs (pyproject.toml names README.md as the long description).
+COPY pyproject.toml constraints.txt README.md ./
+COPY executors/clipserve ./executors/clipserve
+# $index is deliberately unquoted: it is either empty or two words ("--extra-index-url URL").
+# hadolint ignore=SC2086
+RUN set -eu; \
+    index=""; \
+    case "$VARIANT" in \
+      cpu-torch) extras="torch"; if [ -n "$TORCH_CPU_INDEX" ]; then index="--extra-index-url $TORCH_CPU_INDEX"; fi ;; \
+      cpu-onnx)  extras="onnx" ;; \
+      cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; fi ;; \
+      *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx or cuda)" >&2; exit 1 ;; \
+    esac; \
+    /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
+    if [ "$VARIANT" = "cpu-onnx" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
+      echo "cpu-onnx must not contain torch" >&2; exit 1; \
+    fi; \
+    /opt/venv/bin/python -c "import clipserve; print('clipserve', clipserve.__version__)"
+
+# ---- runtime: the venv, the Flow files, a non-root user, nothing else ---------------------------
+FROM base AS runtime
+ARG EXECUTOR=CLIPEncoder
+RUN groupadd --system --gid 10001 clipserve \
+    && useradd --system --no-log-init --uid 10001 --gid clipserve --create-home --home-dir /home/clipserve \
+       --shell /usr/sbin/nologin clipserve \
+    && mkdir -p /cache \
+    && chown clipserve:clipserve /cache
+COPY --from=builder /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/home/clipserve \
+    CLIPSERVE_CACHE=/cache
+# Not /app: `jina export docker-compose` bind-mounts the host's jina cache over /app by default.
+WORKDIR /srv/clipserve
+COPY flows ./flows
+COPY executors/hub ./hub
+COPY executors/hub/${EXECUTOR}/config.yml ./config.yml
+# Model weights, ONNX exports and fp16 conversions: mount a volume here to keep them across runs.
+VOLUME ["/cache"]
+# gRPC gateway (all flows), HTTP and WebSocket gateways (flows/multi-protocol.yml only).
+EXPOSE 51000 51001 51002
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+# Healthy once the Flow's gateway answers and every executor behind it is ready. Big models can take
+# minutes to download and load, hence the long start period. This probes the default gateway port:
+# when the container runs something else (e.g. `jina executor`), override it with --health-cmd.
+HEALTHCHECK --interval=30s --timeout=20s --start-period=600s --retries=3 \
+    CMD ["jina", "ping", "flow", "grpc://127.0.0.1:51000", "--timeout", "10000"]
+# A Jina Flow shuts its executors down cleanly on SIGINT (what the test suite stops Flows with).
+STOPSIGNAL SIGINT
+ENTRYPOINT ["python", "-m", "clipserve"]
+CMD ["flows/torch.yml"]
+
+# ---- the three variants: only defaults differ ---------------------------------------------------
+FROM runtime AS variant-cpu-torch
+# The runtime's defaults as they are: flows/torch.yml, device chosen at start (always cpu with CPU torch).
+
+FROM runtime AS variant-cpu-onnx
+# The hub config.yml reads CLIPSERVE_BACKEND, so `jina executor --uses config.yml` (Kubernetes and
+# compose exports) runs on ONNX Runtime here too. Set CLIPSERVE_MODEL_PATH to a directory exported with
+# `python -m clipserve export onnx` (needs torch, so do it elsewhere): this image cannot export.
+ENV CLIPSERVE_BACKEND=onnx
+CMD ["flows/onnx.yml"]
+
+FROM runtime AS variant-cuda
+# torch 2.14.1 and onnxruntime-gpu bring CUDA 13 and cuDNN 9 as pip wheels; the host supplies only the
+# driver (>= 580 for CUDA 13) through the NVIDIA container toolkit. onnxruntime loads these libraries
+# without torch's help only if they are on the loader path. The path names the Python version of
+# PYTHON_IMAGE: change both together.
+ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/venv/lib/python3.11/site-packages/nvidia/cudnn/lib \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+# hadolint cannot see that variant-${VARIANT} names one of the stages above, not an untagged image.
+# hadolint ignore=DL3006
+FROM variant-${VARIANT} AS final
