@@ -86,3 +86,17 @@ def set_port(config, port):
     section = config['gateway'] if 'gateway' in config else config['with']
     section['port'] = port
     return config
+
+
+def stop_process(process) -> None:
+    """Stop a server started with start_new_session=True: SIGINT (a clean Jina shutdown), then SIGKILL."""
+    import signal
+    import subprocess
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pytest
 import yaml
 from docarray import Document, DocumentArray
 
-from .conftest import TINY, free_port
+from .conftest import TINY, free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -138,16 +137,6 @@ def _start_executor(name, port, log_path):
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(process):
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 @pytest.mark.parametrize('name', EXECUTORS)
 def test_jina_executor_serves_the_hub_config(name, tmp_path):
     from jina import Client
@@ -175,7 +164,7 @@ def test_jina_executor_serves_the_hub_config(name, tmp_path):
         info = client.post('/clipserve/info', return_responses=True)[0].parameters['__results__']
         assert info[name.lower()]['model'] == TINY
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def test_flow_uses_the_hub_configs(monkeypatch):
@@ -480,4 +469,4 @@ def test_dockerfile_recipe_serves_without_docker(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:] + (tmp_path / 'executor.log').read_text()[-2000:]
     finally:
         for process in processes.values():
-            _stop(process)
+            stop_process(process)

@@ -1,7 +1,6 @@
 """The README's serving command, for real: `jina flow --uses flows/torch.yml` in a subprocess."""
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 from clip_client import Client
 from jina import Client as JinaClient
 
-from .conftest import make_image
+from .conftest import make_image, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 JINA = str(Path(sys.executable).parent / 'jina')
@@ -29,13 +28,7 @@ def start_flow(env_extra, log_path):
 
 
 def stop(process):
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    stop_process(process)
     return Path(process.log_path).read_text()
 
 
