@@ -19,3 +19,29 @@ def tiny_backend():
     from clipserve.backends import BackendOptions, create_backend
 
     return create_backend('torch', TINY, BackendOptions(device='cpu'))
+
+
+@pytest.fixture(scope='session')
+def certificate(tmp_path_factory):
+    """A self-signed certificate for localhost and 127.0.0.1, made at test time: (cert.pem, key.pem)."""
+    import subprocess
+
+    folder = tmp_path_factory.mktemp('tls')
+    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(folder / 'key.pem'),
+                    '-out', str(folder / 'cert.pem'), '-days', '2', '-subj', '/CN=localhost',
+                    '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1'], check=True, capture_output=True)
+    return folder / 'cert.pem', folder / 'key.pem'
+
+
+@pytest.fixture(scope='session')
+def tls_flow(certificate, tmp_path_factory):
+    """flows/tls.yml on free ports with the tiny model: {'grpc': port, 'http': port, 'websocket': port}."""
+    from tests.integration.conftest import flow_from_yaml, free_port, set_port
+
+    protocols = ['grpc', 'http', 'websocket']
+    ports = [free_port() for _ in protocols]
+    cert, key = certificate
+    flow = flow_from_yaml('tls.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
+                          {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_TLS_CERT': str(cert), 'CLIPSERVE_TLS_KEY': str(key)})
+    with flow:
+        yield dict(zip(protocols, ports))

@@ -35,25 +35,6 @@ def info(port, endpoint='/clipserve/info'):
 
 # ---- TLS ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope='module')
-def certificate(tmp_path_factory):
-    folder = tmp_path_factory.mktemp('tls')
-    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(folder / 'key.pem'),
-                    '-out', str(folder / 'cert.pem'), '-days', '2', '-subj', '/CN=localhost',
-                    '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1'], check=True, capture_output=True)
-    return folder / 'cert.pem', folder / 'key.pem'
-
-
-@pytest.fixture(scope='module')
-def tls_flow(certificate, tmp_path_factory):
-    ports = [free_port() for _ in range(3)]
-    cert, key = certificate
-    flow = flow_from_yaml('tls.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
-                          {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_TLS_CERT': str(cert), 'CLIPSERVE_TLS_KEY': str(key)})
-    with flow:
-        yield dict(zip(['grpc', 'http', 'websocket'], ports))
-
-
 def clip_client_in_subprocess(url, ca_file=None):
     """clip-client in a fresh process: trust for TLS comes from environment variables read at start."""
     env = {**os.environ, 'NO_VERSION_CHECK': '1'}
