@@ -1,0 +1,227 @@
+"""Model-only vs served throughput, padding trim, dynamic batching, memory and start-up, in one run.
+
+    .venv/bin/python benchmarks/serving.py [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4]
+
+Everything runs on this machine, in one run, so the ratios compare like with like (absolute
+numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Clients are
+asyncio clients in this process: on a small machine they still share the cores with the server.
+Prints tables, writes benchmarks/results/serving.json and serving.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import items_per_second, machine, markdown_table, save  # noqa: E402
+
+SHORT = 'a photo of a small brown dog running on the beach'       # ~10 words
+LONG = ('a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
+        'reflecting the lights, people with umbrellas walking past shops, cars waiting at a red light, '
+        'and a cyclist in a yellow jacket')
+
+
+def gemm_peak(seconds: float = 2.0) -> float:
+    """fp32 matrix-multiply FLOP/s with the threads torch uses (the machine's practical peak)."""
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    return items_per_second(lambda: a @ b, 2 * 2048 ** 3, min_seconds=seconds)
+
+
+def vit_flops(width: int, layers: int, tokens: int, patch_flops: float = 0.0, proj: float = 0.0) -> float:
+    """2·L·N·12·d² (projections and MLP) + 4·L·N²·d (attention) + extras: a transformer's forward FLOPs."""
+    return 2 * layers * tokens * 12 * width ** 2 + 4 * layers * tokens ** 2 * width + patch_flops + proj
+
+
+def model_flops(cfg: dict, text_tokens: int) -> tuple[float, float]:
+    v, t, dim = cfg['vision_cfg'], cfg['text_cfg'], cfg['embed_dim']
+    grid = (v['image_size'] // v['patch_size']) ** 2
+    image = vit_flops(v['width'], v['layers'], grid + 1, 2 * grid * 3 * v['patch_size'] ** 2 * v['width'],
+                      2 * v['width'] * dim)
+    text = vit_flops(t['width'], t['layers'], text_tokens, 0, 2 * t['width'] * dim)
+    return image, text
+
+
+def jpeg_640x480() -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:480, 0:640]
+    pixels = np.clip(np.stack([x / 2.5, y / 1.9, (x + y) / 4.4], -1) + rng.normal(0, 12, (480, 640, 3)), 0, 255)
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buf, format='JPEG', quality=90)
+    return buf.getvalue()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def rss_peak_mb(pid: int) -> float:
+    with open(f'/proc/{pid}/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith('VmHWM')) / 1024
+
+
+def served(port: int, docs_fn, clients: int, per_request: int, seconds: float) -> float:
+    """Documents/s through the Flow with `clients` concurrent asyncio clients, `per_request` docs per request.
+
+    asyncio clients in one thread keep the client side cheap: on a 2-core machine, client threads
+    would otherwise take the cores the server is being measured on.
+    """
+    import asyncio
+
+    from jina import Client
+
+    async def one(client, counts, i, stop):
+        async for _ in client.post('/', docs_fn(per_request)):  # warm-up
+            pass
+        while time.perf_counter() < stop:
+            async for _ in client.post('/', docs_fn(per_request)):
+                pass
+            counts[i] += per_request
+
+    async def run():
+        counts = [0] * clients
+        started = time.perf_counter()
+        stop = started + seconds
+        await asyncio.gather(*(one(Client(host='127.0.0.1', port=port, asyncio=True), counts, i, stop)
+                               for i in range(clients)))
+        return sum(counts) / (time.perf_counter() - started)
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--model', default='ViT-B-32::random')
+    parser.add_argument('--backends', nargs='+', default=['torch', 'onnx'])
+    parser.add_argument('--seconds', type=float, default=4.0)
+    args = parser.parse_args()
+    os.environ.setdefault('JINA_LOG_LEVEL', 'ERROR')
+    os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
+
+    from docarray import Document, DocumentArray
+    from jina import Client, Flow
+
+    from clipserve import CLIPEncoder
+    from clipserve.backends import BackendOptions, create_backend
+    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.models.names import parse_model_name
+    from clipserve.models.preprocess import preprocess_bytes
+    from clipserve.models.registry import resolve
+    from clipserve.models.tokenizer import Tokenizer
+
+    info = machine()
+    peak = gemm_peak()
+    cfg = resolve(parse_model_name(args.model)).model_cfg
+    jpeg = jpeg_640x480()
+    tokenizer = Tokenizer()
+    short_len, long_len = int(tokenizer([SHORT]).lengths[0]), int(tokenizer([LONG]).lengths[0])
+    workloads = {
+        'short texts': (lambda n: DocumentArray([Document(text=SHORT) for _ in range(n)]), model_flops(cfg, short_len)[1]),
+        'long captions': (lambda n: DocumentArray([Document(text=LONG) for _ in range(n)]), model_flops(cfg, long_len)[1]),
+        'images 640x480': (lambda n: DocumentArray([Document(blob=jpeg) for _ in range(n)]), model_flops(cfg, 0)[0]),
+    }
+    onnx_dir = tempfile.mkdtemp(prefix='clipserve-bench-')
+    if 'onnx' in args.backends:
+        export_onnx(args.model, onnx_dir)
+
+    results = {'model': args.model, 'machine': info, 'gemm_peak_gflops': peak / 1e9, 'rows': [], 'extra': {}}
+    batch = 8
+    for backend_name in args.backends:
+        options = BackendOptions(device='cpu')
+        backend = create_backend(backend_name, args.model, options, model_path=onnx_dir if backend_name == 'onnx' else None)
+        model_only = {
+            'short texts': lambda: backend.encode_texts(tokenizer([SHORT] * batch).input_ids),
+            'long captions': lambda: backend.encode_texts(tokenizer([LONG] * batch).input_ids),
+            # includes decoding and preprocessing, as the server does
+            'images 640x480': lambda: backend.encode_images(np.stack([preprocess_bytes(jpeg, backend.preprocess)
+                                                                      for _ in range(batch)])),
+        }
+        model_rates = {k: items_per_second(fn, batch, min_seconds=args.seconds) for k, fn in model_only.items()}
+        if backend_name == 'torch':
+            full = tokenizer([SHORT] * batch)
+            untrimmed = type(backend)(args.model, options, trim_padding=False)
+            trim = items_per_second(lambda: untrimmed.encode_texts(full.input_ids), batch, min_seconds=args.seconds)
+            results['extra']['short_text_trim_speedup'] = model_rates['short texts'] / trim
+            results['extra']['short_text_untrimmed_per_s'] = trim
+            del untrimmed
+        backend = None  # free the in-process model before the Flow loads its own
+
+        port = free_port()
+        uses_with = {'name': args.model, 'backend': backend_name, 'minibatch_size': 32}
+        if backend_name == 'onnx':
+            uses_with['model_path'] = onnx_dir
+        started = time.perf_counter()
+        with Flow(port=port).add(uses=CLIPEncoder, uses_with=uses_with, allow_concurrent=True, timeout_ready=-1):
+            ready = time.perf_counter() - started
+            for name, (docs_fn, flops) in workloads.items():
+                flow_rates = {c: served(port, docs_fn, c, batch, args.seconds) for c in (1, 4)}
+                results['rows'].append({
+                    'backend': backend_name, 'workload': name, 'model_only': model_rates[name],
+                    'flow_1_client': flow_rates[1], 'flow_4_clients': flow_rates[4],
+                    'overhead_ratio_4': flow_rates[4] / model_rates[name],
+                    'peak_fraction': model_rates[name] * flops / peak,
+                })
+            replica = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
+                                                              return_responses=True)
+            pid = int(next(iter(replica[0].parameters['__results__'].values()))['pid'])
+            results['extra'][f'{backend_name}_peak_rss_mb'] = rss_peak_mb(pid)
+            results['extra'][f'{backend_name}_start_to_ready_s'] = ready
+
+    # dynamic batching: 16 clients sending single short texts, batching on vs off (torch)
+    single = workloads['short texts'][0]
+    for on in (True, False):
+        port = free_port()
+        with Flow(port=port).add(uses=CLIPEncoder, uses_with={'name': args.model, 'batch_requests': on},
+                                 allow_concurrent=True, timeout_ready=-1):
+            results['extra'][f'batching_{"on" if on else "off"}_16_clients_per_s'] = served(port, single, 16, 1, args.seconds)
+    results['extra']['batching_speedup'] = (results['extra']['batching_on_16_clients_per_s']
+                                            / results['extra']['batching_off_16_clients_per_s'])
+
+    print(f"\n{args.model}, {info['cpu']}, {info['cores']} cores, load {info['load_avg']:.2f}, {info['when']}; "
+          f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s; batches of {batch}\n")
+    print(markdown_table(
+        ['backend', 'workload', 'model-only /s', 'Flow 1 client /s', 'Flow 4 clients /s', 'Flow(4) / model', '% of GEMM peak'],
+        [[r['backend'], r['workload'], f"{r['model_only']:.1f}", f"{r['flow_1_client']:.1f}", f"{r['flow_4_clients']:.1f}",
+          f"{r['overhead_ratio_4']:.2f}", f"{100 * r['peak_fraction']:.0f}%"] for r in results['rows']]))
+    print()
+    print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
+    path = save('serving', results)
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(10, 4))
+        labels = [f"{r['backend']}\n{r['workload']}" for r in results['rows']]
+        x = np.arange(len(labels))
+        for offset, key in ((-0.27, 'model_only'), (0, 'flow_1_client'), (0.27, 'flow_4_clients')):
+            ax.bar(x + offset, [r[key] for r in results['rows']], 0.27, label=key.replace('_', ' '))
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_ylabel('items/s')
+        ax.set_yscale('log')
+        ax.legend()
+        ax.set_title(f'{args.model}: model-only vs served ({info["cores"]} cores)')
+        fig.tight_layout()
+        fig.savefig(path.with_suffix('.png'), dpi=100)
+    except ImportError:
+        pass
+    print(f'\nwrote {path}')
+
+
+if __name__ == '__main__':
+    main()
