@@ -34,7 +34,8 @@ def main() -> None:
     from clipserve.models.tokenizer import Tokenizer
 
     options = BackendOptions(device='cpu')
-    folder = tempfile.mkdtemp(prefix='clipserve-bench-onnx-')
+    workdir = tempfile.TemporaryDirectory(prefix='clipserve-bench-')  # removed when the script ends
+    folder = workdir.name
     export_onnx(args.model, folder)
     backends = {'torch': create_backend('torch', args.model, options),
                 'onnx': create_backend('onnx', args.model, options, model_path=folder)}

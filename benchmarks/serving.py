@@ -135,7 +135,8 @@ def main() -> None:
         'long captions': (lambda n: DocumentArray([Document(text=LONG) for _ in range(n)]), model_flops(cfg, long_len)[1]),
         'images 640x480': (lambda n: DocumentArray([Document(blob=jpeg) for _ in range(n)]), model_flops(cfg, 0)[0]),
     }
-    onnx_dir = tempfile.mkdtemp(prefix='clipserve-bench-')
+    workdir = tempfile.TemporaryDirectory(prefix='clipserve-bench-')  # removed when the script ends
+    onnx_dir = workdir.name
     if 'onnx' in args.backends:
         export_onnx(args.model, onnx_dir)
 
