@@ -86,8 +86,6 @@ def thread_budget(replicas: int) -> int | None:
 class CLIPExecutorBase(Executor):
     """Loads one CLIP model on one backend and encodes/ranks DocArray documents with it."""
 
-    reuse_embeddings_default = False
-
     def __init__(
         self,
         name: str = DEFAULT_MODEL,
