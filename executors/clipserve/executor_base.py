@@ -98,6 +98,7 @@ class CLIPExecutorBase(Executor):
         allow_local_files: bool = False,
         local_files_root: str | None = None,
         allow_remote_uris: bool = False,
+        remote_allowed_hosts: list | None = None,
         remote_timeout: float = 10.0,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 50_000_000,
@@ -128,6 +129,7 @@ class CLIPExecutorBase(Executor):
             allow_local_files=check_bool('allow_local_files', allow_local_files),
             local_files_root=env_or_default(local_files_root, None),
             allow_remote=check_bool('allow_remote_uris', allow_remote_uris),
+            allowed_hosts=tuple(str(h) for h in (remote_allowed_hosts or ())),
             remote_timeout=float(remote_timeout),
             max_bytes=check_int('max_image_bytes', max_image_bytes),
         )

@@ -13,6 +13,7 @@ import binascii
 import ipaddress
 import os
 import socket
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -98,16 +99,27 @@ class UriPolicy:
                 return super().redirect_request(req, fp, code, msg, headers, newurl)
 
         opener = urllib.request.build_opener(_CheckedRedirect)
+        deadline = time.monotonic() + self.remote_timeout
+        chunks, size = [], 0
         try:
             with opener.open(url, timeout=self.remote_timeout) as response:
-                data = response.read(self.max_bytes + 1)
+                # The socket timeout bounds each read; the deadline bounds the whole body, so a
+                # server dripping a byte at a time cannot hold a worker for longer than remote_timeout.
+                while size <= self.max_bytes:
+                    if time.monotonic() > deadline:
+                        raise UriError(f'fetching the URI took longer than {self.remote_timeout:g} s')
+                    chunk = response.read1(min(65536, self.max_bytes + 1 - size))  # what has arrived
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
         except UriError:
             raise
         except Exception as e:
             raise UriError(f'fetching the URI failed: {type(e).__name__}: {e}') from e
-        if len(data) > self.max_bytes:
+        if size > self.max_bytes:
             raise UriError(f'the remote file is larger than the limit of {self.max_bytes} bytes')
-        return data
+        return b''.join(chunks)
 
 
 def decode_data_uri(uri: str, max_bytes: int) -> bytes:
