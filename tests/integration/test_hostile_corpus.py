@@ -16,7 +16,7 @@ from jina import Client
 from jina.excepts import BadServer
 from PIL import Image
 
-from .conftest import data_uri, make_image
+from .conftest import make_image
 
 
 def encoded(image: Image.Image, fmt: str, **kwargs) -> bytes:
