@@ -74,3 +74,48 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
         out = Client(host='127.0.0.1', port=flow.port).post('/', DocumentArray([Document(text='after the crash')]))
         assert out[0].embedding is not None
         print(f"\nreplica kill: {outcomes.count('ok')} ok, {outcomes.count('error')} failed visibly, 0 wrong")
+
+
+def _threads(pid):
+    with open(f'/proc/{pid}/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith('Threads'))
+
+
+def _in_flight(port):
+    responses = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
+                                                         return_responses=True)
+    return next(iter(responses[0].parameters['__results__'].values()))['requests_in_flight']
+
+
+def test_clients_disconnecting_mid_request_leak_no_work(tmp_path):
+    """Clients killed while their requests stream: the replica drains, its threads stay flat, it keeps serving."""
+    import subprocess
+    import sys
+
+    flow = Flow().add(uses=CLIPEncoder, uses_with={'name': TINY}, allow_concurrent=True)
+    with flow:
+        [pid] = replica_pids(flow.port)
+        script = (
+            'from docarray import Document, DocumentArray; from jina import Client; '
+            f'Client(host="127.0.0.1", port={flow.port}).post("/", '
+            'DocumentArray([Document(text="long running " + str(i)) for i in range(20000)]), request_size=200)'
+        )
+
+        def disconnect_rounds(rounds):
+            for _ in range(rounds):
+                client = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+                time.sleep(2.5)  # mid-stream
+                client.kill()
+                client.wait()
+            deadline = time.time() + 60
+            while _in_flight(flow.port) > 1 and time.time() < deadline:  # 1 = this info request itself
+                time.sleep(0.5)
+            assert _in_flight(flow.port) <= 1, 'work of disconnected clients is still running after 60 s'
+
+        disconnect_rounds(1)  # fills the bounded thread pools once
+        baseline = _threads(pid)
+        disconnect_rounds(3)
+        assert _threads(pid) <= baseline + 2, f'threads grew from {baseline} to {_threads(pid)}'
+        out = Client(host='127.0.0.1', port=flow.port).post('/', _docs(1, 1))
+        _check(_docs(1, 1), out)
