@@ -90,9 +90,8 @@ class EncodePipeline:
         for start in range(0, len(texts), self.minibatch_size):
             rows = order[start:start + self.minibatch_size]
             t1 = time.perf_counter()
-            ids, mask = tokens.input_ids[rows], tokens.attention_mask[rows]
-            longest = int(mask.sum(axis=1).max())  # trim here too, so merged batches stay small
-            out[rows] = self._run_texts(ids[:, :longest], mask[:, :longest])
+            # the backend trims padding (Backend.encode_texts), also after the batcher merged requests
+            out[rows] = self._run_texts(tokens.input_ids[rows], tokens.attention_mask[rows])
             times.inference += time.perf_counter() - t1
         return out
 
