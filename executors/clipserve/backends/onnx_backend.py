@@ -89,8 +89,6 @@ class OnnxBackend(Backend):
         if self.dtype == 'fp16' and self.device == 'cpu':
             raise BackendUnavailableError('fp16 ONNX models run on CUDA only; use dtype "fp32" on the CPU')
         folder = self._locate(model, model_path)
-        metadata = self._read_metadata(folder, model)
-        self.model_name = metadata['model']
         self.folder = folder
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -99,6 +97,8 @@ class OnnxBackend(Backend):
             session_options.intra_op_num_threads = options.num_threads
         self.visual = self._session(folder / 'visual.onnx', session_options)
         self.textual = self._session(folder / 'textual.onnx', session_options)
+        metadata = self._read_metadata(folder, model, self.visual)
+        self.model_name = metadata['model']
         self._text_inputs = {i.name: _NP_TYPES.get(i.type, np.int64) for i in self.textual.get_inputs()}
         self._text_length = _static(self.textual.get_inputs()[0].shape[1]) if len(self.textual.get_inputs()[0].shape) > 1 else None
         self._pixel_type = _NP_TYPES.get(self.visual.get_inputs()[0].type, np.float32)
@@ -145,13 +145,12 @@ class OnnxBackend(Backend):
         return target
 
     @staticmethod
-    def _read_metadata(folder: Path, model: str | None) -> dict:
+    def _read_metadata(folder: Path, model: str | None, visual: ort.InferenceSession) -> dict:
         path = folder / METADATA_FILE
         if path.is_file():
             return json.loads(path.read_text())
         # clip-as-service's layout: OpenAI mean/std for every model, 77 tokens, size from the graph or its table
         name = str(parse_model_name(model)) if model else folder.name
-        visual = ort.InferenceSession(str(folder / 'visual.onnx'), providers=['CPUExecutionProvider'])
         shape = visual.get_inputs()[0].shape
         arch = parse_model_name(model).arch if model else ''
         size = _static(shape[-1]) or _CAS_IMAGE_SIZES.get(arch, 224)

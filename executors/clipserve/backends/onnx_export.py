@@ -116,10 +116,9 @@ def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSE
         'exporter': f'clipserve {__version__} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         'weights_sha256': weights_hash(model),
     }
-    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
     if verify:
         metadata['max_abs_diff'] = verify_export(out, image, text)
-        (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
     return metadata
 
 
