@@ -79,6 +79,59 @@ def test_local_checkpoint_files(tmp_path, tiny_backend, suffix):
         assert torch.equal(loaded.model.state_dict()[key], value), key
 
 
+def _save(state: dict, path: Path) -> Path:
+    if path.suffix == '.safetensors':
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize('suffix', ['.safetensors', '.bin'])
+def test_a_checkpoint_of_the_same_weights_embeds_identically(tmp_path, tiny_backend, suffix):
+    """The weights a checkpoint becomes, plus the buffers no checkpoint holds (the causal mask), give
+    exactly the embeddings of the model the checkpoint was saved from."""
+    path = _save(tiny_backend.model.state_dict(), tmp_path / f'same{suffix}')
+    loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu'))
+    tokens = Tokenizer()(TEXTS)
+    pixels = np.random.default_rng(0).normal(size=(3, 3, 224, 224)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids))
+    np.testing.assert_array_equal(loaded.encode_images(pixels), tiny_backend.encode_images(pixels))
+    assert not [name for name, t in [*loaded.model.named_parameters(), *loaded.model.named_buffers()] if t.is_meta]
+
+
+def test_a_checkpoint_loads_in_the_requested_precision(tmp_path, tiny_backend):
+    """Same per-tensor dtypes as open_clip's own create_model gives for bf16 (its mixed precision rule)."""
+    path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')
+    loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu', dtype='bf16'))
+    reference = open_clip.create_model(TINY.split('::')[0], pretrained=str(path), precision='bf16', device='cpu')
+    assert {k: v.dtype for k, v in loaded.model.state_dict().items()} == {k: v.dtype for k, v in reference.state_dict().items()}
+    assert torch.bfloat16 in {p.dtype for p in loaded.model.parameters()}
+
+
+def test_a_checkpoint_is_held_once_in_memory(tmp_path):
+    """Loading a ViT-B-32 checkpoint raises the process's peak memory by about one copy of the
+    weights (open_clip alone builds a randomly initialised model, then loads a second copy into it)."""
+    import subprocess
+    import sys
+
+    model = open_clip.create_model('ViT-B-32', pretrained=None)
+    weights_mb = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / 2**20
+    path = _save(model.state_dict(), tmp_path / 'vit-b-32.bin')
+    del model
+    script = (
+        'import torch, open_clip\n'
+        'from clipserve.backends import BackendOptions, create_backend\n'
+        'peak = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024\n'
+        'before = peak()\n'
+        f'create_backend("torch", "ViT-B-32::{path}", BackendOptions(device="cpu"))\n'
+        'print(peak() - before)\n'
+    )
+    grown = float(subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True).stdout.split()[-1])
+    assert grown < 1.3 * weights_mb, f'peak grew by {grown:.0f} MB for {weights_mb:.0f} MB of weights'
+
+
 def test_checkpoint_for_the_wrong_architecture(tmp_path, tiny_backend):
     path = tmp_path / 'tiny.pt'
     torch.save(tiny_backend.model.state_dict(), path)

@@ -6,6 +6,8 @@ from there afterwards. When a download is impossible the error says how to get g
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import socket
@@ -15,6 +17,7 @@ from pathlib import Path
 import open_clip
 import torch
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
+from open_clip.factory import _set_model_device_and_precision as set_device_and_precision
 
 from clipserve.errors import WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
@@ -110,30 +113,69 @@ def _checkpoint_path(resolved: ResolvedModel) -> str | None:
     return path
 
 
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Create every nn.Parameter on the meta device (no memory, no random init); buffers stay real.
+
+    Buffers that no checkpoint holds (open_clip's causal `attn_mask`) are built as usual, while the
+    weights are left for the checkpoint to fill: the model's weights exist once, not twice.
+    """
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != 'meta':
+            module._parameters[name] = torch.nn.Parameter(param.to('meta'), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def _load_in_place(model: torch.nn.Module, checkpoint: str) -> None:
+    """open_clip's checkpoint loading (format detection, key conversions, strict check), with the
+    checkpoint's tensors becoming the parameters instead of being copied into a second set."""
+    model.load_state_dict = functools.partial(type(model).load_state_dict, model, assign=True)
+    try:
+        open_clip.load_checkpoint(model, checkpoint, strict=True)
+    finally:
+        del model.load_state_dict
+    left = [name for name, p in model.named_parameters() if p.device.type == 'meta']
+    if left:
+        raise RuntimeError(f'the checkpoint has no values for {", ".join(left[:5])}')
+
+
 def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
-    """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names."""
+    """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
+
+    Peak memory is one copy of the weights: a checkpoint's tensors are loaded once and become the
+    model's parameters (on a GPU, each is moved and its CPU copy freed in turn).
+    """
     checkpoint = _checkpoint_path(resolved)
-    kwargs = dict(
-        precision=PRECISIONS[precision],
-        device=device,
-        force_quick_gelu=resolved.quick_gelu,
-        pretrained_text=False,
-        pretrained_image=False,
-    )
+    kwargs = dict(force_quick_gelu=resolved.quick_gelu, pretrained_text=False, pretrained_image=False)
     if checkpoint is None:
         # Seeded, and without disturbing the caller's random state: the same name gives the
         # same weights in every process, which is what cross-backend parity tests rely on.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(RANDOM_SEED)
-            model = open_clip.create_model(resolved.arch, pretrained=None, **kwargs)
+            model = open_clip.create_model(resolved.arch, pretrained=None, precision=PRECISIONS[precision],
+                                           device=device, **kwargs)
     else:
         try:
-            model = open_clip.create_model(resolved.arch, pretrained=checkpoint, **kwargs)
+            with _parameters_on_meta():
+                # device=None: leave the (meta) parameters where they are; precision after loading
+                model = open_clip.create_model(resolved.arch, pretrained=None, precision='fp32', device=None, **kwargs)
+            _load_in_place(model, checkpoint)
         except Exception as e:  # open_clip raises RuntimeError, AssertionError, KeyError... for a bad file
             raise WeightsUnavailableError(
                 f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r} '
                 f'or cannot be read ({type(e).__name__}: {e})'
             ) from e
+        # open_clip's own device and precision step (as create_model does it; pinned by constraints.txt)
+        set_device_and_precision(model, torch.device(device), PRECISIONS[precision],
+                                 'timm_model_name' in resolved.model_cfg.get('vision_cfg', {}))
     model.eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
