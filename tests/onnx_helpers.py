@@ -1,6 +1,5 @@
 """Helpers for ONNX tests: a directory arranged like clip-as-service's published models."""
 
-import shutil
 from pathlib import Path
 
 import onnx
@@ -8,9 +7,10 @@ from onnx import TensorProto, helper
 
 
 def make_clip_as_service_layout(exported: Path, target: Path) -> Path:
-    """Copy our export and make it look like clip-as-service's: int32 text inputs of fixed length 77, no clipserve.json."""
+    """Copy our export and make it look like clip-as-service's: self-contained files (weights inline),
+    int32 text inputs of fixed length 77, no clipserve.json."""
     target.mkdir(parents=True, exist_ok=True)
-    shutil.copy(exported / 'visual.onnx', target / 'visual.onnx')
+    onnx.save_model(onnx.load(str(exported / 'visual.onnx')), str(target / 'visual.onnx'))
     graph_model = onnx.load(str(exported / 'textual.onnx'))
     graph = graph_model.graph
     casts = []

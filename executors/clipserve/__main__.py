@@ -54,7 +54,10 @@ def export(argv: list[str]) -> None:
     parser.add_argument('name', help='model name, e.g. ViT-B-32::openai')
     parser.add_argument('out_dir', help='directory to write')
     parser.add_argument('--opset', type=int, default=18)
-    parser.add_argument('--external-data', action='store_true', help='keep weights in .onnx.data files')
+    parser.add_argument('--inline', action='store_true',
+                        help='one self-contained .onnx file per tower (default: weights in .onnx.data files, '
+                             'which load with less memory)')
+    parser.add_argument('--external-data', action='store_true', help=argparse.SUPPRESS)  # the default now
     parser.add_argument('--cache', action='store_true', help=argparse.SUPPRESS)  # atomic write, used by the server
     args = parser.parse_args(argv)
     from clipserve.backends.onnx_export import export_onnx, export_to_cache
@@ -62,7 +65,7 @@ def export(argv: list[str]) -> None:
     if args.cache:
         export_to_cache(args.name, Path(args.out_dir), opset=args.opset)
         return
-    metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=args.external_data or None)
+    metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=not args.inline)
     for tower, diff in metadata['max_abs_diff'].items():
         print(f'{tower}.onnx: max |onnxruntime - torch| = {diff:.2e}')
     print(f'wrote {args.out_dir}: {metadata["model"]}, {metadata["embed_dim"]}-d, opset {metadata["opset"]}')

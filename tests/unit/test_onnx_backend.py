@@ -34,7 +34,9 @@ def _pixels(n=3, size=224):
 
 def test_export_layout_and_metadata(tiny_export):
     out, metadata = tiny_export
-    assert {p.name for p in out.iterdir()} == {'visual.onnx', 'textual.onnx', 'clipserve.json'}
+    assert {p.name for p in out.iterdir()} == {'visual.onnx', 'visual.onnx.data', 'textual.onnx', 'textual.onnx.data',
+                                               'clipserve.json'}
+    assert (out / 'textual.onnx').stat().st_size < 2_000_000  # the weights live in the .data files
     saved = json.loads((out / 'clipserve.json').read_text())
     for key in ('model', 'embed_dim', 'image_size', 'mean', 'std', 'tokenizer', 'opset', 'exporter', 'weights_sha256'):
         assert key in saved
@@ -69,11 +71,10 @@ def test_clip_as_service_layout(tiny_export, tiny_backend, tmp_path):
     np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
 
 
-def test_external_data(tmp_path, tiny_backend):
-    metadata = export_onnx(TINY, tmp_path, external_data=True)
-    names = {p.name for p in tmp_path.iterdir()}
-    assert {'visual.onnx.data', 'textual.onnx.data'} <= names
-    assert (tmp_path / 'textual.onnx').stat().st_size < 1_000_000  # the weights live in the .data file
+def test_inline_export(tmp_path, tiny_backend):
+    """One self-contained file per tower, as clip-as-service shipped them (`export onnx --inline`)."""
+    metadata = export_onnx(TINY, tmp_path, external_data=False)
+    assert {p.name for p in tmp_path.iterdir()} == {'visual.onnx', 'textual.onnx', 'clipserve.json'}
     backend = OnnxBackend(TINY, CPU, model_path=str(tmp_path))
     np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
     assert max(metadata['max_abs_diff'].values()) < 1e-4

@@ -28,7 +28,7 @@ from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
 
 METADATA_FILE = 'clipserve.json'  # same name as the exporter's
-EXPORT_FORMAT = 1  # bump when the exporter's output changes, so cached exports are redone
+EXPORT_FORMAT = 2  # bump when the exporter's output changes, so cached exports are redone (2: external data)
 DEFAULT_OPSET = 18  # the torch.export-based exporter needs 18 or newer
 # clip-as-service's image sizes for models whose graphs have no static input size
 _CAS_IMAGE_SIZES = {'RN50x4': 288, 'RN50x16': 384, 'RN50x64': 448, 'ViT-B-16-plus-240': 240, 'ViT-L-14-336': 336}
@@ -93,6 +93,12 @@ class OnnxBackend(Backend):
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session_options.inter_op_num_threads = 1
+        if self.device == 'cpu':
+            # With dynamic batch and sequence sizes, ORT's arena and per-shape memory patterns keep
+            # the largest activations of every shape seen; plain allocation costs no speed here
+            # (benchmarks/serving.py) and gives the memory back after each call.
+            session_options.enable_cpu_mem_arena = False
+            session_options.enable_mem_pattern = False
         if options.num_threads:
             session_options.intra_op_num_threads = options.num_threads
         self.visual = self._session(folder / 'visual.onnx', session_options)

@@ -4,8 +4,10 @@
 
 writes `visual.onnx` (input `pixel_values`), `textual.onnx` (inputs `input_ids`, `attention_mask`;
 dynamic batch and sequence axes) and `clipserve.json` (what a torch-free server needs to know:
-embedding size, preprocessing, tokenizer, opset, versions, a hash of the weights). Models above
-2 GB keep their weights in ONNX external data files next to the graphs.
+embedding size, preprocessing, tokenizer, opset, versions, a hash of the weights). The weights go
+in ONNX external data files next to the graphs (`visual.onnx.data`, `textual.onnx.data`): ONNX
+Runtime then reads them straight into its tensors instead of first holding the whole protobuf, which
+lowers peak memory at load by about the size of the weights (ViT-B-32: 828 -> 548 MB).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _parameter_bytes(module: torch.nn.Module) -> int:
 
 
 def _export(module, args, path: Path, input_names, output_name, dynamic_axes, opset: int,
-            external_data: bool | None) -> None:
+            external_data: bool) -> None:
     """torch.export-based ONNX export (the TorchScript exporter bakes attention's shapes into constants)."""
     shapes = {name: {axis: torch.export.Dim(label, min=1, max=4096 if label == 'batch' else args[0].shape[1])
                      for axis, label in dynamic_axes[name].items()}
@@ -61,8 +63,8 @@ def _export(module, args, path: Path, input_names, output_name, dynamic_axes, op
     dims = {}
     for name in input_names:
         shapes[name] = {axis: dims.setdefault(dynamic_axes[name][axis], dim) for axis, dim in shapes[name].items()}
-    if external_data is None:
-        external_data = _parameter_bytes(module) > _TWO_GB * 0.9
+    if not external_data and _parameter_bytes(module) > _TWO_GB * 0.9:
+        raise ExportError(f'{path.name} would exceed protobuf\'s 2 GB limit; export with external data')
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         program = torch.onnx.export(
@@ -73,10 +75,11 @@ def _export(module, args, path: Path, input_names, output_name, dynamic_axes, op
 
 
 def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True,
-                external_data: bool | None = None) -> dict:
+                external_data: bool = True) -> dict:
     """Export `name` to `out_dir`; returns the metadata written to clipserve.json.
 
-    `external_data`: keep weights in `<graph>.onnx.data` files (None = only when a tower exceeds ~2 GB).
+    `external_data`: keep weights in `<graph>.onnx.data` files (False: one self-contained file per
+    tower, as clip-as-service shipped them; only possible below 2 GB, and costlier to load).
     """
     resolved = resolve(parse_model_name(name))
     out = Path(out_dir)
