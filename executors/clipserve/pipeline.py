@@ -18,6 +18,7 @@ import numpy as np
 
 from clipserve.backends.base import Backend
 from clipserve.batching import Coalescer
+from clipserve.memory import release_free_memory
 from clipserve.models.tokenizer import Tokenizer
 
 ImageLoader = Callable[[], np.ndarray]
@@ -53,19 +54,24 @@ class EncodePipeline:
         self._model_lock = threading.Lock()  # one forward pass at a time per replica
         self._coalescers = []
         if batch_wait is not None:
-            self._run_images = Coalescer(backend.encode_images, minibatch_size, batch_wait, others_in_flight,
-                                         name='clipserve-image-batcher')
-            self._run_texts = Coalescer(backend.encode_texts, minibatch_size, batch_wait, others_in_flight,
-                                        pad_columns=True, name='clipserve-text-batcher')
+            self._run_images = Coalescer(self._forward(backend.encode_images), minibatch_size, batch_wait,
+                                         others_in_flight, name='clipserve-image-batcher')
+            self._run_texts = Coalescer(self._forward(backend.encode_texts), minibatch_size, batch_wait,
+                                        others_in_flight, pad_columns=True, name='clipserve-text-batcher')
             self._coalescers = [self._run_images, self._run_texts]
+        else:
+            self._run_images = self._forward(backend.encode_images)
+            self._run_texts = self._forward(backend.encode_texts)
 
-    def _run_images(self, pixels: np.ndarray) -> np.ndarray:
-        with self._model_lock:
-            return self.backend.encode_images(pixels)
-
-    def _run_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        with self._model_lock:
-            return self.backend.encode_texts(input_ids, attention_mask)
+    def _forward(self, encode: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        """`encode`, one call at a time, giving the memory its activations used back afterwards."""
+        def run(*arrays: np.ndarray) -> np.ndarray:
+            with self._model_lock:
+                try:
+                    return encode(*arrays)
+                finally:
+                    release_free_memory()
+        return run
 
     def close(self) -> None:
         for coalescer in self._coalescers:
