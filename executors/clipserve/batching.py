@@ -2,8 +2,10 @@
 
 Many clients sending a few documents each would otherwise cost one small, inefficient model call
 per request. Each caller hands its rows to a `Coalescer` and blocks; one dispatcher thread takes
-what is queued, waits at most `max_wait` for more (only while other requests are in flight), runs
-the model once on up to `max_batch` rows and hands each caller back exactly its own rows, in order.
+what is queued (about half of it when several requests wait, so the next batch is ready as soon as
+this one ends), waits at most `max_wait` for more (only while other requests are in flight and none
+are waiting), runs the model once on up to `max_batch` rows and hands each caller back exactly its
+own rows, in order.
 Decoding errors never get here (they are per document, before the model), so one client's bad
 input cannot fail another client's request.
 """
@@ -61,9 +63,15 @@ class Coalescer:
         if first is None:
             return None
         items, rows = [first], len(first[0][0])
+        # With a backlog, take about half of it (double buffering): the rest keeps the model busy
+        # while this batch's callers get their answers and send their next requests. Taking all of
+        # it left the model idle for a whole round trip after every batch (4 clients x 8 short texts,
+        # onnx: 133 -> 149 texts/s).
+        backlog = 1 + self._queue.qsize() + (self._carry is not None)
+        take = (backlog + 1) // 2 if backlog > 1 else None
         deadline = time.monotonic() + self.max_wait
-        while rows < self.max_batch:
-            wait = deadline - time.monotonic() if self.others_in_flight() else 0
+        while rows < self.max_batch and (take is None or len(items) < take):
+            wait = 0 if take is not None or not self.others_in_flight() else deadline - time.monotonic()
             try:
                 item = self._next(wait)
             except queue.Empty:

@@ -77,3 +77,28 @@ def test_text_batches_of_different_lengths_are_padded():
     coalescer.close()
     assert out['a'].tolist() == [[3]] and out['b'].tolist() == [[10]]
     assert pad_to([a], 4)[0].tolist() == [[1, 2, 0, 0]]
+
+
+def test_a_backlog_is_split_so_the_next_batch_is_ready():
+    """Double buffering: with four requests waiting, a batch takes two and leaves two for the next
+    forward pass, which can start the moment this one ends."""
+    gate, calls = threading.Event(), []
+
+    def model(x):
+        calls.append(len(x))
+        gate.wait(5)
+        return x
+
+    coalescer = Coalescer(model, max_batch=64, max_wait=0.0, others_in_flight=lambda: True)
+    first = threading.Thread(target=coalescer, args=(np.zeros((1, 1)),))
+    first.start()
+    while not calls:  # the first forward pass is running (and blocked)
+        threading.Event().wait(0.005)
+    backlog = [threading.Thread(target=coalescer, args=(np.zeros((2, 1)),)) for _ in range(4)]
+    [t.start() for t in backlog]
+    while coalescer._queue.qsize() < 4:
+        threading.Event().wait(0.005)
+    gate.set()
+    [t.join() for t in [first, *backlog]]
+    coalescer.close()
+    assert calls == [1, 4, 2, 2]
