@@ -102,6 +102,7 @@ class CLIPExecutorBase(Executor):
         remote_timeout: float = 10.0,
         max_image_bytes: int = 20 * 1024 * 1024,
         max_image_pixels: int = 50_000_000,
+        jpeg_draft: bool = False,
         model_path: str | None = None,
         serve_default: bool = True,
         served_models: list | None = None,
@@ -139,7 +140,8 @@ class CLIPExecutorBase(Executor):
             model_path=env_or_default(model_path, None), max_batch=self.minibatch_size,
         )
         self.preprocess_config = PreprocessConfig(
-            **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels)}
+            **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels),
+               'jpeg_draft': check_bool('jpeg_draft', jpeg_draft)}
         )
         concurrent = bool(getattr(self.runtime_args, 'allow_concurrent', False))
         # (not called `dynamic_batching`: Jina passes its own argument of that name to every executor)

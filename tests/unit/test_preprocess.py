@@ -276,6 +276,30 @@ def test_limits_follow_the_config():
         open_image('not bytes', PreprocessConfig())
 
 
+def test_jpeg_draft_decodes_smaller_but_close():
+    """Opt-in draft mode: libjpeg decodes at the smallest 1/2^k scale that still covers the resize
+    target, so the pixels are close to, not identical with, open_clip's."""
+    data = _encode(_rgb(1280, 960), 'JPEG', quality=92)
+    exact, draft = PreprocessConfig(), PreprocessConfig(jpeg_draft=True)
+    assert open_image(data, exact).size == (1280, 960)
+    assert open_image(data, draft).size == (320, 240)  # 1/4 scale: 240 still covers 224
+    a, b = preprocess_bytes(data, exact), preprocess_bytes(data, draft)
+    assert a.shape == b.shape == (3, 224, 224)
+    assert 0 < np.abs(a - b).mean() < 0.1  # normalised pixels span ~4 units
+    squash = PreprocessConfig(jpeg_draft=True, resize_mode='squash')
+    assert open_image(data, squash).size == (320, 240)  # covers 224x224 too
+
+
+def test_jpeg_draft_leaves_other_formats_and_small_jpegs_exact():
+    png = _encode(_rgb(1280, 960), 'PNG')
+    small = _encode(_rgb(300, 240), 'JPEG', quality=92)  # half scale would fall below 224
+    cmyk = _encode(Image.fromarray(_pixels(900, 700, 4)).convert('CMYK'), 'JPEG')
+    draft = PreprocessConfig(jpeg_draft=True)
+    for data in (png, small):
+        np.testing.assert_array_equal(preprocess_bytes(data, draft), preprocess_bytes(data, PreprocessConfig()))
+    assert preprocess_bytes(cmyk, draft).shape == (3, 224, 224)
+
+
 def test_exif_orientation_is_applied():
     pixels = np.zeros((20, 40, 3), np.uint8)
     pixels[:, :20] = (255, 0, 0)  # left half red
