@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -22,6 +23,30 @@ def items_per_second(fn, items: int, min_seconds: float = 2.0, min_runs: int = 2
         rates.append(items / (time.perf_counter() - t0))
     rates.sort()
     return rates[len(rates) // 2]
+
+
+def sustained_rate(fn, items: int, seconds: float = 4.0) -> float:
+    """Items per second of `fn` called back to back for `seconds` (after one warm-up call): total
+    items over total time, the same statistic a served throughput is, so the two compare directly."""
+    fn()
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        fn()
+        done += items
+    return done / (time.perf_counter() - started)
+
+
+def interleaved(measures: dict, rounds: int) -> dict:
+    """Median of each zero-argument measure over `rounds` passes, taking the measures in turn.
+
+    On a shared machine the speed drifts by tens of percent over minutes; measuring A, B, A, B...
+    makes a drift hit every measure alike, so their ratios stay honest.
+    """
+    samples = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            samples[name].append(measure())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def machine() -> dict:

@@ -1,10 +1,15 @@
 """Model-only vs served throughput, padding trim, dynamic batching, memory and start-up, in one run.
 
-    .venv/bin/python benchmarks/serving.py [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4]
+    .venv/bin/python benchmarks/serving.py [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4] [--rounds 3]
 
 Everything runs on this machine, in one run, so the ratios compare like with like (absolute
-numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Clients are
-asyncio clients in this process: on a small machine they still share the cores with the server.
+numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Model-only
+and served throughput are measured in turn, `--rounds` times each, and the medians reported, so a
+drift in the machine's speed cannot masquerade as serving overhead. Clients are asyncio clients in
+this process: on a small machine they still share the cores with the server. Model-only and
+served throughput are both sustained rates (items over elapsed time). The torch replica loads its
+weights from a safetensors checkpoint of the in-process model, the onnx replica from an export of
+it, as in production; peak memory is the replica's VmHWM after all workloads.
 Prints tables, writes benchmarks/results/serving.json and serving.png.
 """
 
@@ -21,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import items_per_second, machine, markdown_table, save  # noqa: E402
+from common import interleaved, items_per_second, machine, markdown_table, save, sustained_rate  # noqa: E402
 
 SHORT = 'a photo of a small brown dog running on the beach'       # ~10 words
 LONG = ('a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
@@ -49,6 +54,15 @@ def model_flops(cfg: dict, text_tokens: int) -> tuple[float, float]:
                       2 * v['width'] * dim)
     text = vit_flops(t['width'], t['layers'], text_tokens, 0, 2 * t['width'] * dim)
     return image, text
+
+
+def save_checkpoint(model, arch: str, folder: str) -> str:
+    """Write `model`'s weights as a safetensors checkpoint; returns the model name that loads it."""
+    from safetensors.torch import save_file
+
+    path = Path(folder) / 'weights.safetensors'
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return f'{arch}::{path}'
 
 
 def jpeg_640x480() -> bytes:
@@ -79,26 +93,29 @@ def served(port: int, docs_fn, clients: int, per_request: int, seconds: float) -
     """Documents/s through the Flow with `clients` concurrent asyncio clients, `per_request` docs per request.
 
     asyncio clients in one thread keep the client side cheap: on a 2-core machine, client threads
-    would otherwise take the cores the server is being measured on.
+    would otherwise take the cores the server is being measured on. Every client finishes one
+    warm-up request before the clock starts (connections open, model warm); the clock stops when
+    the last request sent before the deadline has come back, and all of those are counted.
     """
     import asyncio
 
     from jina import Client
 
-    async def one(client, counts, i, stop):
-        async for _ in client.post('/', docs_fn(per_request)):  # warm-up
+    async def post(client):
+        async for _ in client.post('/', docs_fn(per_request)):
             pass
+
+    async def keep_posting(client, counts, i, stop):
         while time.perf_counter() < stop:
-            async for _ in client.post('/', docs_fn(per_request)):
-                pass
+            await post(client)
             counts[i] += per_request
 
     async def run():
+        pool = [Client(host='127.0.0.1', port=port, asyncio=True) for _ in range(clients)]
+        await asyncio.gather(*(post(client) for client in pool))
         counts = [0] * clients
         started = time.perf_counter()
-        stop = started + seconds
-        await asyncio.gather(*(one(Client(host='127.0.0.1', port=port, asyncio=True), counts, i, stop)
-                               for i in range(clients)))
+        await asyncio.gather(*(keep_posting(client, counts, i, started + seconds) for i, client in enumerate(pool)))
         return sum(counts) / (time.perf_counter() - started)
 
     return asyncio.run(run())
@@ -108,7 +125,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--model', default='ViT-B-32::random')
     parser.add_argument('--backends', nargs='+', default=['torch', 'onnx'])
-    parser.add_argument('--seconds', type=float, default=4.0)
+    parser.add_argument('--seconds', type=float, default=4.0, help='length of each measuring window')
+    parser.add_argument('--rounds', type=int, default=3, help='windows per measure, taken in turn; medians reported')
     args = parser.parse_args()
     os.environ.setdefault('JINA_LOG_LEVEL', 'ERROR')
     os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
@@ -152,36 +170,44 @@ def main() -> None:
             'images 640x480': lambda: backend.encode_images(np.stack([preprocess_bytes(jpeg, backend.preprocess)
                                                                       for _ in range(batch)])),
         }
-        model_rates = {k: items_per_second(fn, batch, min_seconds=args.seconds) for k, fn in model_only.items()}
         if backend_name == 'torch':
             full = tokenizer([SHORT] * batch)
             untrimmed = type(backend)(args.model, options, trim_padding=False)
-            trim = items_per_second(lambda: untrimmed.encode_texts(full.input_ids), batch, min_seconds=args.seconds)
-            results['extra']['short_text_trim_speedup'] = model_rates['short texts'] / trim
-            results['extra']['short_text_untrimmed_per_s'] = trim
+            trim = interleaved({
+                'trimmed': lambda: sustained_rate(model_only['short texts'], batch, args.seconds),
+                'untrimmed': lambda: sustained_rate(lambda: untrimmed.encode_texts(full.input_ids), batch, args.seconds),
+            }, args.rounds)
+            results['extra']['short_text_trim_speedup'] = trim['trimmed'] / trim['untrimmed']
+            results['extra']['short_text_untrimmed_per_s'] = trim['untrimmed']
             del untrimmed
-        backend = None  # free the in-process model before the Flow loads its own
 
         port = free_port()
         uses_with = {'name': args.model, 'backend': backend_name, 'minibatch_size': 32}
         if backend_name == 'onnx':
             uses_with['model_path'] = onnx_dir
+        else:  # the replica loads its weights from a checkpoint file, as in production
+            uses_with['name'] = save_checkpoint(backend.model, parse_model_name(args.model).arch, workdir.name)
         started = time.perf_counter()
         with Flow(port=port).add(uses=CLIPEncoder, uses_with=uses_with, allow_concurrent=True, timeout_ready=-1):
             ready = time.perf_counter() - started
             for name, (docs_fn, flops) in workloads.items():
-                flow_rates = {c: served(port, docs_fn, c, batch, args.seconds) for c in (1, 4)}
+                rates = interleaved({
+                    'model': lambda: sustained_rate(model_only[name], batch, args.seconds),
+                    1: lambda: served(port, docs_fn, 1, batch, args.seconds),
+                    4: lambda: served(port, docs_fn, 4, batch, args.seconds),
+                }, args.rounds)
                 results['rows'].append({
-                    'backend': backend_name, 'workload': name, 'model_only': model_rates[name],
-                    'flow_1_client': flow_rates[1], 'flow_4_clients': flow_rates[4],
-                    'overhead_ratio_4': flow_rates[4] / model_rates[name],
-                    'peak_fraction': model_rates[name] * flops / peak,
+                    'backend': backend_name, 'workload': name, 'model_only': rates['model'],
+                    'flow_1_client': rates[1], 'flow_4_clients': rates[4],
+                    'overhead_ratio_4': rates[4] / rates['model'],
+                    'peak_fraction': rates['model'] * flops / peak,
                 })
             replica = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
                                                               return_responses=True)
             pid = int(next(iter(replica[0].parameters['__results__'].values()))['pid'])
             results['extra'][f'{backend_name}_peak_rss_mb'] = rss_peak_mb(pid)
             results['extra'][f'{backend_name}_start_to_ready_s'] = ready
+        backend = None  # free the in-process model before the next backend loads
 
     # dynamic batching: 16 clients sending single short texts, batching on vs off (torch)
     single = workloads['short texts'][0]

@@ -1,0 +1,22 @@
+"""The benchmark's measuring helpers: interleaving and sustained rates (what the README's ratios rest on)."""
+
+import time
+
+from benchmarks.common import interleaved, sustained_rate
+
+
+def test_interleaved_takes_measures_in_turn_and_reports_medians():
+    order, values = [], {'a': iter([3.0, 1.0, 2.0]), 'b': iter([10.0, 30.0, 20.0])}
+
+    def measure(name):
+        order.append(name)
+        return next(values[name])
+
+    medians = interleaved({'a': lambda: measure('a'), 'b': lambda: measure('b')}, rounds=3)
+    assert order == ['a', 'b', 'a', 'b', 'a', 'b']
+    assert medians == {'a': 2.0, 'b': 20.0}
+
+
+def test_sustained_rate_counts_items_over_elapsed_time():
+    rate = sustained_rate(lambda: time.sleep(0.01), items=5, seconds=0.2)
+    assert 0 < rate <= 500  # 5 items per call of at least 10 ms
