@@ -3,8 +3,8 @@
 Many clients sending a few documents each would otherwise cost one small, inefficient model call
 per request. Each caller hands its rows to a `Coalescer` and blocks; one dispatcher thread takes
 what is queued (about half of a backlog, but at least half a batch, so the next batch is ready as
-soon as this one ends), waits at most `max_wait` for more (only while other requests are in flight and none
-are waiting), runs the model once on up to `max_batch` rows and hands each caller back exactly its
+soon as this one ends), waits at most `max_wait` for more (only while other requests are in
+flight), runs the model once on up to `max_batch` rows and hands each caller back exactly its
 own rows, in order.
 Decoding errors never get here (they are per document, before the model), so one client's bad
 input cannot fail another client's request.
@@ -83,7 +83,7 @@ class Coalescer:
             enough = self.max_batch
         deadline = time.monotonic() + self.max_wait
         while rows < enough:
-            wait = 0 if backlogged or not self.others_in_flight() else deadline - time.monotonic()
+            wait = deadline - time.monotonic() if self.others_in_flight() else 0
             try:
                 item = self._next(wait)
             except queue.Empty:
