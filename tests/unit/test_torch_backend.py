@@ -101,6 +101,23 @@ def test_a_checkpoint_of_the_same_weights_embeds_identically(tmp_path, tiny_back
     assert not [name for name, t in [*loaded.model.named_parameters(), *loaded.model.named_buffers()] if t.is_meta]
 
 
+def test_a_model_that_cannot_load_in_place_loads_as_open_clip_does(tmp_path, tiny_backend, monkeypatch, caplog):
+    """An architecture whose construction does not survive meta parameters (none known, but open_clip
+    and timm keep adding models) still loads, the way open_clip does it, with a warning."""
+    from clipserve.models import loading
+
+    def refuse(model, checkpoint):
+        raise NotImplementedError('Cannot copy out of meta tensor')
+
+    monkeypatch.setattr(loading, '_load_in_place', refuse)
+    path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')
+    with caplog.at_level('WARNING', logger='clipserve.models.loading'):
+        loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu'))
+    assert 'loading it as open_clip does' in caplog.text
+    pixels = np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.encode_images(pixels), tiny_backend.encode_images(pixels))
+
+
 def test_a_checkpoint_loads_in_the_requested_precision(tmp_path, tiny_backend):
     """Same per-tensor dtypes as open_clip's own create_model gives for bf16 (its mixed precision rule)."""
     path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')

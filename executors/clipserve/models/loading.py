@@ -147,6 +147,18 @@ def _load_in_place(model: torch.nn.Module, checkpoint: str) -> None:
         raise RuntimeError(f'the checkpoint has no values for {", ".join(left[:5])}')
 
 
+def _load_as_open_clip_does(resolved: ResolvedModel, checkpoint: str, device: str, precision: str,
+                            kwargs: dict) -> torch.nn.Module:
+    try:
+        return open_clip.create_model(resolved.arch, pretrained=checkpoint, precision=PRECISIONS[precision],
+                                      device=device, **kwargs)
+    except Exception as e:  # open_clip raises RuntimeError, AssertionError, KeyError... for a bad file
+        raise WeightsUnavailableError(
+            f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r} '
+            f'or cannot be read ({type(e).__name__}: {e})'
+        ) from e
+
+
 def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
     """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
 
@@ -168,14 +180,15 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
                 # device=None: leave the (meta) parameters where they are; precision after loading
                 model = open_clip.create_model(resolved.arch, pretrained=None, precision='fp32', device=None, **kwargs)
             _load_in_place(model, checkpoint)
-        except Exception as e:  # open_clip raises RuntimeError, AssertionError, KeyError... for a bad file
-            raise WeightsUnavailableError(
-                f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r} '
-                f'or cannot be read ({type(e).__name__}: {e})'
-            ) from e
-        # open_clip's own device and precision step (as create_model does it; pinned by constraints.txt)
-        set_device_and_precision(model, torch.device(device), PRECISIONS[precision],
-                                 'timm_model_name' in resolved.model_cfg.get('vision_cfg', {}))
+            # open_clip's own device and precision step (as create_model does it; pinned by constraints.txt)
+            set_device_and_precision(model, torch.device(device), PRECISIONS[precision],
+                                     'timm_model_name' in resolved.model_cfg.get('vision_cfg', {}))
+        except Exception as e:
+            # An architecture whose construction does not survive meta parameters still loads the
+            # way open_clip does it (two copies at peak); a checkpoint that fits nothing fails there too.
+            logger.warning('loading %s in place failed (%s: %s); loading it as open_clip does',
+                           checkpoint, type(e).__name__, e)
+            model = _load_as_open_clip_does(resolved, checkpoint, device, precision, kwargs)
     model.eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
