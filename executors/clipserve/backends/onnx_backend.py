@@ -95,8 +95,9 @@ class OnnxBackend(Backend):
         session_options.inter_op_num_threads = 1
         if self.device == 'cpu':
             # With dynamic batch and sequence sizes, ORT's arena and per-shape memory patterns keep
-            # the largest activations of every shape seen; plain allocation costs no speed here
-            # (benchmarks/serving.py) and gives the memory back after each call.
+            # the largest activations of every shape seen; plain allocation measured no slower
+            # (ViT-B-32, 2 cores, interleaved: images 20.2 vs 19.4/s, texts 115 vs 116/s) and
+            # gives the memory back after each call.
             session_options.enable_cpu_mem_arena = False
             session_options.enable_mem_pattern = False
         if options.num_threads:

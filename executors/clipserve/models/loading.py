@@ -119,6 +119,8 @@ def _parameters_on_meta():
 
     Buffers that no checkpoint holds (open_clip's causal `attn_mask`) are built as usual, while the
     weights are left for the checkpoint to fill: the model's weights exist once, not twice.
+    It patches nn.Module for the duration, so no other thread may build modules meanwhile (a replica
+    builds its model once, at start, before serving).
     """
     register = torch.nn.Module.register_parameter
 
