@@ -14,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from common import items_per_second, machine, markdown_table, save
+from common import items_per_second, machine, markdown_table, save, save_plot
 
 CAPTIONS = ['a photo of a small brown dog running on the beach at sunset',
             'two people riding bicycles along a busy city street in the rain',
@@ -59,12 +59,7 @@ def main() -> None:
     print(f"\n{args.model}, model only, {info['cpu']}, {info['cores']} cores, {info['when']}\n")
     print(markdown_table(['input', 'batch', 'torch items/s', 'onnx items/s', 'onnx / torch'], rows))
     path = save('backends', {'model': args.model, 'machine': info, 'results': results})
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    def draw(axes):
         for ax, kind in zip(axes, ('texts', 'images')):
             cells = [r for r in results if r['kind'] == kind]
             x = np.arange(len(cells))
@@ -74,10 +69,8 @@ def main() -> None:
             ax.set_title(f'{kind} ({args.model})')
             ax.set_ylabel('items/s')
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(path.with_suffix('.png'), dpi=100)
-    except ImportError:
-        print('(matplotlib not installed: no plot)')
+
+    save_plot(path, draw, ncols=2, figsize=(9, 3.5))
     print(f'\nwrote {path}')
 
 

@@ -71,3 +71,19 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
     lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
     return '\n'.join(lines)
+
+
+def save_plot(path: Path, draw, ncols: int = 1, figsize: tuple = (7, 3.5)) -> None:
+    """`draw(axes)` onto a figure saved as PNG next to the JSON at `path`; a note if matplotlib is absent."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('(matplotlib not installed: no plot)')
+        return
+    fig, axes = plt.subplots(1, ncols, figsize=figsize)
+    draw(axes)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix('.png'), dpi=100)
+    plt.close(fig)

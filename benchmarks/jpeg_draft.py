@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, markdown_table, save  # noqa: E402
+from common import machine, markdown_table, save, save_plot  # noqa: E402
 
 SIZES = [(640, 480), (1280, 960), (1920, 1080), (4032, 3024)]
 
@@ -88,22 +88,15 @@ def main() -> None:
         [[r['size'], f"{r['kb']:.0f}", f"{r['exact_ms']:.1f}", f"{r['draft_ms']:.1f}", f"{r['speedup']:.1f}x",
           f"{r['pixel_max_abs']:.3f}", f"{r['pixel_mean_abs']:.4f}", f"{r['embedding_cosine']:.5f}"] for r in rows]))
     path = save('jpeg_draft', {'model': args.model, 'machine': info, 'rows': rows})
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 3.5))
+    def draw(ax):
         x = np.arange(len(rows))
         ax.bar(x - 0.2, [r['exact_ms'] for r in rows], 0.4, label='exact (open_clip)')
         ax.bar(x + 0.2, [r['draft_ms'] for r in rows], 0.4, label='jpeg_draft')
         ax.set_xticks(x, [r['size'] for r in rows])
         ax.set_ylabel('ms per image (decode + preprocess)')
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(path.with_suffix('.png'), dpi=100)
-    except ImportError:
-        pass
+
+    save_plot(path, draw)
     print(f'\nwrote {path}')
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import interleaved, items_per_second, machine, markdown_table, save, sustained_rate  # noqa: E402
+from common import interleaved, items_per_second, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
 
 SHORT = 'a photo of a small brown dog running on the beach'       # ~10 words
 LONG = ('a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
@@ -228,12 +228,7 @@ def main() -> None:
     print()
     print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
     path = save('serving', results)
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(10, 4))
+    def draw(ax):
         labels = [f"{r['backend']}\n{r['workload']}" for r in results['rows']]
         x = np.arange(len(labels))
         for offset, key in ((-0.27, 'model_only'), (0, 'flow_1_client'), (0.27, 'flow_4_clients')):
@@ -243,10 +238,8 @@ def main() -> None:
         ax.set_yscale('log')
         ax.legend()
         ax.set_title(f'{args.model}: model-only vs served ({info["cores"]} cores)')
-        fig.tight_layout()
-        fig.savefig(path.with_suffix('.png'), dpi=100)
-    except ImportError:
-        pass
+
+    save_plot(path, draw, figsize=(10, 4))
     print(f'\nwrote {path}')
 
 

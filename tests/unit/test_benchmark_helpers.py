@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from benchmarks.common import interleaved, sustained_rate
 
 
@@ -20,3 +22,11 @@ def test_interleaved_takes_measures_in_turn_and_reports_medians():
 def test_sustained_rate_counts_items_over_elapsed_time():
     rate = sustained_rate(lambda: time.sleep(0.01), items=5, seconds=0.2)
     assert 0 < rate <= 500  # 5 items per call of at least 10 ms
+
+
+def test_save_plot_writes_a_png_next_to_the_json(tmp_path):
+    pytest.importorskip('matplotlib')  # the `bench` extra
+    from benchmarks.common import save_plot
+
+    save_plot(tmp_path / 'result.json', lambda ax: ax.bar([0, 1], [3, 4]))
+    assert (tmp_path / 'result.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
