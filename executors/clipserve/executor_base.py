@@ -21,6 +21,7 @@ from clipserve import ranking
 from clipserve.backends import BACKENDS, BackendOptions, create_backend
 from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
+from clipserve.lean_imports import keep_triton_out
 from clipserve.metrics import Metrics
 from clipserve.models.names import DEFAULT_MODEL, parse_model_name
 from clipserve.models.preprocess import PreprocessConfig
@@ -135,6 +136,8 @@ class CLIPExecutorBase(Executor):
             max_bytes=check_int('max_image_bytes', max_image_bytes),
         )
         replicas = getattr(self.runtime_args, 'replicas', 1) or 1
+        if backend == 'torch':
+            keep_triton_out(device)
         self.backend = create_backend(
             backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas)),
             model_path=env_or_default(model_path, None), max_batch=self.minibatch_size,
@@ -220,7 +223,8 @@ class CLIPExecutorBase(Executor):
             'model': b.model_name, 'backend': b.name, 'device': b.device, 'dtype': b.dtype,
             'embed_dim': b.embed_dim, 'image_size': b.image_size, 'trims_padding': b.trims_padding,
             'model_calls': b.model_calls, 'images_encoded': b.images_encoded, 'texts_encoded': b.texts_encoded,
-            'torch_imported': 'torch' in sys.modules, 'pid': os.getpid(),
+            'torch_imported': 'torch' in sys.modules, 'triton_imported': sys.modules.get('triton') is not None,
+            'pid': os.getpid(),
             'batch_requests': bool(self.pipeline._coalescers), 'requests_in_flight': self._in_flight,
         }
 

@@ -1,5 +1,7 @@
 """CLIPEncoder through a real Flow, called by the real clip-client 0.8.3 and by jina's own client."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 from clip_client import Client
@@ -131,6 +133,14 @@ def test_model_name_of_another_model_is_an_error(tiny_flow):
     with pytest.raises(BadServer, match='not served'):
         clip_client(tiny_flow, 'grpc').encode(['x'], parameters={'model_name': 'RN50'})
 
+
+def test_a_cpu_torch_replica_runs_without_triton(tiny_flow):
+    if importlib.util.find_spec('triton') is None:
+        pytest.skip('triton is not installed here, so there is nothing to keep out')
+    responses = jina_client(tiny_flow).post('/clipserve/info', DocumentArray([Document()]), return_responses=True)
+    info = next(iter(responses[0].parameters['__results__'].values()))
+    assert info['torch_imported'] and info['device'] == 'cpu'
+    assert info['triton_imported'] is False
 
 
 def test_concurrent_single_document_requests_share_forward_passes(tiny_flow):
