@@ -49,6 +49,31 @@ def interleaved(measures: dict, rounds: int) -> dict:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def bracketed(baseline, measures: dict, rounds: int) -> tuple[dict, dict]:
+    """Each measure as a ratio to the baseline measured just before and just after it.
+
+    A round runs baseline, m1, baseline, m2, ..., baseline; m_i's ratio in that round is m_i over
+    the mean of its two neighbours, so a drift in the machine's speed during the round cancels
+    (exactly, when it is linear). Returns (median ratio per measure, median value per measure and
+    for 'baseline'). Medians of values taken in turn (`interleaved`) still let a drift between
+    windows of the same round into the ratios: on this shared machine that moved them by 0.2.
+    """
+    ratios = {name: [] for name in measures}
+    values = {name: [] for name in ['baseline', *measures]}
+    for _ in range(rounds):
+        before = baseline()
+        values['baseline'].append(before)
+        for name, measure in measures.items():
+            value = measure()
+            after = baseline()
+            values[name].append(value)
+            values['baseline'].append(after)
+            ratios[name].append(value / ((before + after) / 2))
+            before = after
+    return ({name: statistics.median(r) for name, r in ratios.items()},
+            {name: statistics.median(v) for name, v in values.items()})
+
+
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:

@@ -3,9 +3,11 @@
     .venv/bin/python benchmarks/serving.py [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4] [--rounds 3]
 
 Everything runs on this machine, in one run, so the ratios compare like with like (absolute
-numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Model-only
-and served throughput are measured in turn, `--rounds` times each, and the medians reported, so a
-drift in the machine's speed cannot masquerade as serving overhead. Clients are asyncio clients in
+numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Every ratio
+is bracketed: the baseline (model-only; untrimmed texts; batching off) is measured just before and
+just after each window it is compared with, the ratio taken to the mean of the two, and the
+median over `--rounds` rounds reported, so a drift in the machine's speed cannot masquerade as
+serving overhead. Clients are asyncio clients in
 this process: on a small machine they still share the cores with the server. Model-only and
 served throughput are both sustained rates (items over elapsed time). The torch replica loads its
 weights from a safetensors checkpoint of the in-process model, the onnx replica from an export of
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import interleaved, items_per_second, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
+from common import bracketed, items_per_second, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
 
 SHORT = 'a photo of a small brown dog running on the beach'       # ~10 words
 LONG = ('a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
@@ -173,12 +175,11 @@ def main() -> None:
         if backend_name == 'torch':
             full = tokenizer([SHORT] * batch)
             untrimmed = type(backend)(args.model, options, trim_padding=False)
-            trim = interleaved({
-                'trimmed': lambda: sustained_rate(model_only['short texts'], batch, args.seconds),
-                'untrimmed': lambda: sustained_rate(lambda: untrimmed.encode_texts(full.input_ids), batch, args.seconds),
-            }, args.rounds)
-            results['extra']['short_text_trim_speedup'] = trim['trimmed'] / trim['untrimmed']
-            results['extra']['short_text_untrimmed_per_s'] = trim['untrimmed']
+            speedup, trim = bracketed(
+                lambda: sustained_rate(lambda: untrimmed.encode_texts(full.input_ids), batch, args.seconds),
+                {'trimmed': lambda: sustained_rate(model_only['short texts'], batch, args.seconds)}, args.rounds)
+            results['extra']['short_text_trim_speedup'] = speedup['trimmed']
+            results['extra']['short_text_untrimmed_per_s'] = trim['baseline']
             del untrimmed
 
         port = free_port()
@@ -191,16 +192,15 @@ def main() -> None:
         with Flow(port=port).add(uses=CLIPEncoder, uses_with=uses_with, allow_concurrent=True, timeout_ready=-1):
             ready = time.perf_counter() - started
             for name, (docs_fn, flops) in workloads.items():
-                rates = interleaved({
-                    'model': lambda: sustained_rate(model_only[name], batch, args.seconds),
+                ratios, rates = bracketed(lambda: sustained_rate(model_only[name], batch, args.seconds), {
                     1: lambda: served(port, docs_fn, 1, batch, args.seconds),
                     4: lambda: served(port, docs_fn, 4, batch, args.seconds),
                 }, args.rounds)
                 results['rows'].append({
-                    'backend': backend_name, 'workload': name, 'model_only': rates['model'],
+                    'backend': backend_name, 'workload': name, 'model_only': rates['baseline'],
                     'flow_1_client': rates[1], 'flow_4_clients': rates[4],
-                    'overhead_ratio_4': rates[4] / rates['model'],
-                    'peak_fraction': rates['model'] * flops / peak,
+                    'overhead_ratio_1': ratios[1], 'overhead_ratio_4': ratios[4],
+                    'peak_fraction': rates['baseline'] * flops / peak,
                 })
             replica = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
                                                               return_responses=True)
@@ -209,22 +209,28 @@ def main() -> None:
             results['extra'][f'{backend_name}_start_to_ready_s'] = ready
         backend = None  # free the in-process model before the next backend loads
 
-    # dynamic batching: 16 clients sending single short texts, batching on vs off (torch)
+    # dynamic batching: 16 clients sending single short texts, batching on vs off (torch); both
+    # Flows up at once so the two can be measured in turn
     single = workloads['short texts'][0]
-    for on in (True, False):
-        port = free_port()
-        with Flow(port=port).add(uses=CLIPEncoder, uses_with={'name': args.model, 'batch_requests': on},
-                                 allow_concurrent=True, timeout_ready=-1):
-            results['extra'][f'batching_{"on" if on else "off"}_16_clients_per_s'] = served(port, single, 16, 1, args.seconds)
-    results['extra']['batching_speedup'] = (results['extra']['batching_on_16_clients_per_s']
-                                            / results['extra']['batching_off_16_clients_per_s'])
+    ports = {'on': free_port(), 'off': free_port()}
+    flows = [Flow(port=ports[key]).add(uses=CLIPEncoder, uses_with={'name': args.model, 'batch_requests': key == 'on'},
+                                       allow_concurrent=True, timeout_ready=-1) for key in ports]
+    with flows[0], flows[1]:
+        speedup, rates = bracketed(lambda: served(ports['off'], single, 16, 1, args.seconds),
+                                   {'on': lambda: served(ports['on'], single, 16, 1, args.seconds)}, args.rounds)
+    results['extra']['batching_on_16_clients_per_s'] = rates['on']
+    results['extra']['batching_off_16_clients_per_s'] = rates['baseline']
+    results['extra']['batching_speedup'] = speedup['on']
 
     print(f"\n{args.model}, {info['cpu']}, {info['cores']} cores, load {info['load_avg']:.2f}, {info['when']}; "
           f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s; batches of {batch}\n")
     print(markdown_table(
-        ['backend', 'workload', 'model-only /s', 'Flow 1 client /s', 'Flow 4 clients /s', 'Flow(4) / model', '% of GEMM peak'],
+        ['backend', 'workload', 'model-only /s', 'Flow 1 client /s', 'Flow 4 clients /s', 'Flow(1) / model',
+         'Flow(4) / model', '% of GEMM peak'],
         [[r['backend'], r['workload'], f"{r['model_only']:.1f}", f"{r['flow_1_client']:.1f}", f"{r['flow_4_clients']:.1f}",
-          f"{r['overhead_ratio_4']:.2f}", f"{100 * r['peak_fraction']:.0f}%"] for r in results['rows']]))
+          f"{r['overhead_ratio_1']:.2f}", f"{r['overhead_ratio_4']:.2f}", f"{100 * r['peak_fraction']:.0f}%"]
+         for r in results['rows']]))
+    print('(rates: medians over the rounds; ratios: medians of each round\'s bracketed ratio)')
     print()
     print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
     path = save('serving', results)

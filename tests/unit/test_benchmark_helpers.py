@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from benchmarks.common import interleaved, sustained_rate
+from benchmarks.common import bracketed, interleaved, sustained_rate
 
 
 def test_interleaved_takes_measures_in_turn_and_reports_medians():
@@ -17,6 +17,27 @@ def test_interleaved_takes_measures_in_turn_and_reports_medians():
     medians = interleaved({'a': lambda: measure('a'), 'b': lambda: measure('b')}, rounds=3)
     assert order == ['a', 'b', 'a', 'b', 'a', 'b']
     assert medians == {'a': 2.0, 'b': 20.0}
+
+
+def test_bracketed_ratios_cancel_a_steady_drift_in_the_machine_speed():
+    def drifting():  # each window runs on a machine 5 % (of its first speed) slower than the last
+        clock = iter(range(100))
+        return lambda true_rate: lambda: true_rate * (1 - 0.05 * next(clock))
+
+    window = drifting()
+    ratios, values = bracketed(window(100.0), {'served': window(90.0), 'one client': window(60.0)}, rounds=3)
+    assert ratios == {'served': pytest.approx(0.9), 'one client': pytest.approx(0.6)}
+    assert set(values) == {'baseline', 'served', 'one client'}
+    window = drifting()  # the same windows measured in turn: the drift leaks into the ratio
+    medians = interleaved({'model': window(100.0), 'served': window(90.0)}, rounds=3)
+    assert medians['served'] / medians['model'] == pytest.approx(0.85)
+
+
+def test_bracketed_takes_the_baseline_around_every_measure():
+    order = []
+    bracketed(lambda: order.append('b') or 1.0, {'x': lambda: order.append('x') or 1.0,
+                                                 'y': lambda: order.append('y') or 1.0}, rounds=2)
+    assert order == ['b', 'x', 'b', 'y', 'b'] * 2
 
 
 def test_sustained_rate_counts_items_over_elapsed_time():
