@@ -69,8 +69,8 @@ class EncodePipeline:
 
         One thread rather than a lock around whichever request thread comes: OpenMP gives every
         thread that starts a parallel region its own team of workers, and the math libraries keep
-        buffers per thread. Eight request threads taking turns at a ViT-B-32 grew a torch replica
-        by 211 MB (16 threads more); the same passes on one thread by 14 MB.
+        buffers per thread. Eight threads taking turns at a ViT-B-32 (torch, CPU, one process) grew
+        it by 211 MB and eight OpenMP workers; the same passes on one thread by 14 MB.
         """
         def run_and_release(*arrays: np.ndarray) -> np.ndarray:
             try:
