@@ -36,27 +36,14 @@ def sustained_rate(fn, items: int, seconds: float = 4.0) -> float:
     return done / (time.perf_counter() - started)
 
 
-def interleaved(measures: dict, rounds: int) -> dict:
-    """Median of each zero-argument measure over `rounds` passes, taking the measures in turn.
-
-    On a shared machine the speed drifts by tens of percent over minutes; measuring A, B, A, B...
-    makes a drift hit every measure alike, so their ratios stay honest.
-    """
-    samples = {name: [] for name in measures}
-    for _ in range(rounds):
-        for name, measure in measures.items():
-            samples[name].append(measure())
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def bracketed(baseline, measures: dict, rounds: int) -> tuple[dict, dict]:
     """Each measure as a ratio to the baseline measured just before and just after it.
 
     A round runs baseline, m1, baseline, m2, ..., baseline; m_i's ratio in that round is m_i over
     the mean of its two neighbours, so a drift in the machine's speed during the round cancels
     (exactly, when it is linear). Returns (median ratio per measure, median value per measure and
-    for 'baseline'). Medians of values taken in turn (`interleaved`) still let a drift between
-    windows of the same round into the ratios: on this shared machine that moved them by 0.2.
+    for 'baseline'). Medians of values merely taken in turn let a drift between windows of the
+    same round into the ratios: on this shared machine that moved them by up to 0.2 between runs.
     """
     ratios = {name: [] for name in measures}
     values = {name: [] for name in ['baseline', *measures]}

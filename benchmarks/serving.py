@@ -7,8 +7,8 @@ numbers move 2-3x with other load on a 2-core machine; the load average is recor
 is bracketed: the baseline (model-only; untrimmed texts; batching off) is measured just before and
 just after each window it is compared with, the ratio taken to the mean of the two, and the
 median over `--rounds` rounds reported, so a drift in the machine's speed cannot masquerade as
-serving overhead. Clients are asyncio clients in
-this process: on a small machine they still share the cores with the server. Model-only and
+serving overhead. Clients are asyncio clients in this process: on a small machine they still
+share the cores with the server. Model-only and
 served throughput are both sustained rates (items over elapsed time). The torch replica loads its
 weights from a safetensors checkpoint of the in-process model, the onnx replica from an export of
 it, as in production; peak memory is the replica's VmHWM after all workloads.
