@@ -194,6 +194,7 @@ def containerized(flow_name, image=IMAGE, env=None, **executor_extra):
     """
     config = yaml.safe_load((ROOT / 'flows' / flow_name).read_text())
     for executor in config['executors']:
+        executor.pop('host', None)  # in a container the executor must listen on the pod's network
         uses = executor['uses']
         literal = {k: v for k, v in uses.get('with', {}).items() if not str(v).startswith('${{')}
         executor['uses'] = f'docker://{image}'
