@@ -1,11 +1,13 @@
-"""ClipServeGateway: Jina's gateway plus an optional shared token, checked on gRPC, HTTP and WebSocket.
+"""ClipServeGateway: Jina's gateway plus a shared token, checked on gRPC, HTTP and WebSocket.
 
     gateway: {uses: ClipServeGateway, py_modules: [clipserve.gateway], protocol: [...], port: [...]}
 
-With `CLIPSERVE_AUTH_TOKEN` set in the gateway's environment, every request must carry it:
-gRPC as metadata `authorization` and HTTP/WebSocket as an `Authorization` header (what
-clip-client and clipserve_client send; `Bearer <token>` is accepted too). Health and readiness
-checks stay open so orchestrators and `jina ping` work. Without the variable nothing is checked.
+Every request must carry the token from `CLIPSERVE_AUTH_TOKEN` (the gateway's environment): gRPC as
+metadata `authorization`, HTTP/WebSocket as an `Authorization` header (what clip-client and
+clipserve_client send; `Bearer <token>` is accepted too). Secure by default: without a token the
+gateway refuses to start, unless the operator opts out explicitly with `auth: 'off'` (YAML
+`uses_with`) or `CLIPSERVE_AUTH=off`, which it then logs at every start. Only health and readiness
+checks answer without the token, and they reveal nothing beyond "ready" or "not ready".
 """
 
 from __future__ import annotations
@@ -15,11 +17,28 @@ import json
 import os
 
 import grpc
+from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.composite import CompositeGateway
+from jina.serve.runtimes.servers.grpc import GRPCServer
+from jina.serve.runtimes.servers.http import FastAPIBaseServer
+from jina.serve.runtimes.servers.websocket import WebSocketServer
+
+from clipserve.errors import InvalidParameterError
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
-OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/', '/grpc.reflection.', '/jina.JinaGatewayDryRunRPC/', '/jina.JinaInfoRPC/')
-OPEN_HTTP_PATHS = ('/', '/status', '/dry_run', '/docs', '/openapi.json', '/redoc')  # GET only
+AUTH_ENV = 'CLIPSERVE_AUTH'  # overrides the gateway's `auth` argument: required | optional | off
+AUTH_MODES = ('required', 'optional', 'off')
+# Open without the token: the standard gRPC health service (SERVING / NOT_SERVING only).
+OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)
+# Open, but the answer is cut down to its status code: `jina ping` (gRPC) and GET /dry_run (HTTP)
+# would otherwise return the exception of a failed dry run, which names internal addresses.
+REDACTED_GRPC_METHODS = ('/jina.JinaGatewayDryRunRPC/dry_run',)
+OPEN_HTTP_PATHS: tuple[str, ...] = ()  # GET only
+REDACTED_HTTP_PATHS = ('/dry_run',)  # GET only
+
+
+class AuthConfigError(InvalidParameterError):
+    """The gateway was asked to check a token it does not have, or cannot check one on a protocol."""
 
 
 def token_matches(presented: str | None, token: str) -> bool:
@@ -27,6 +46,15 @@ def token_matches(presented: str | None, token: str) -> bool:
         return False
     presented = presented[7:] if presented.lower().startswith('bearer ') else presented
     return hmac.compare_digest(presented.encode(), token.encode())
+
+
+def auth_mode(configured: str, environ=os.environ) -> str:
+    """The effective mode: `CLIPSERVE_AUTH` when set, else the gateway's `auth` argument."""
+    mode = str(environ.get(AUTH_ENV) or configured).strip().lower()
+    if mode not in AUTH_MODES:
+        raise AuthConfigError(f'auth must be one of {", ".join(AUTH_MODES)} (gateway argument auth or {AUTH_ENV}), '
+                              f'got {mode!r}')
+    return mode
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
@@ -42,7 +70,21 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         metadata = dict(details.invocation_metadata or ())
         if token_matches(metadata.get('authorization'), self.token):
             return handler
+        if details.method in REDACTED_GRPC_METHODS:
+            return _status_code_only(handler)
         return _denying(handler)
+
+
+def _status_code_only(handler):
+    """A unary handler answering a StatusProto that keeps only the code of the real answer."""
+    inner = handler.unary_unary
+
+    async def answer(request, context):
+        status = await inner(request, context)
+        return jina_pb2.StatusProto(code=status.code)
+
+    return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=handler.request_deserializer,
+                                               response_serializer=handler.response_serializer)
 
 
 def _denying(handler):
@@ -74,12 +116,16 @@ class TokenMiddleware:
         self.token = token
 
     async def __call__(self, scope, receive, send):
-        if scope['type'] not in ('http', 'websocket') or (
-                scope['type'] == 'http' and scope.get('method') == 'GET' and scope.get('path') in OPEN_HTTP_PATHS):
+        if scope['type'] not in ('http', 'websocket'):  # lifespan events
+            return await self.app(scope, receive, send)
+        get = scope['type'] == 'http' and scope.get('method') in ('GET', 'HEAD')
+        if get and scope.get('path') in OPEN_HTTP_PATHS:
             return await self.app(scope, receive, send)
         headers = {k.decode('latin-1').lower(): v.decode('latin-1') for k, v in scope.get('headers', [])}
         if token_matches(headers.get('authorization'), self.token):
             return await self.app(scope, receive, send)
+        if get and scope.get('path') in REDACTED_HTTP_PATHS:
+            return await self.app(scope, receive, _code_only(send))
         if scope['type'] == 'websocket':
             await send({'type': 'websocket.close', 'code': 1008})
             return
@@ -89,24 +135,75 @@ class TokenMiddleware:
         await send({'type': 'http.response.body', 'body': body})
 
 
-class ClipServeGateway(CompositeGateway):
-    """Jina's (composite) gateway, with the token check installed on each protocol's server."""
+def _code_only(send):
+    """An ASGI `send` that replaces a JSON body by {"code": <its code>}, the rest of the answer dropped."""
+    start, chunks = {}, []
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.token = os.environ.get(TOKEN_ENV) or None
-        if not self.token:
-            self.logger.warning(f'{TOKEN_ENV} is not set: this gateway accepts requests without a token')
+    async def filtered(message):
+        if message['type'] == 'http.response.start':
+            start.update(message)
             return
+        if message['type'] != 'http.response.body':
+            return await send(message)
+        chunks.append(message.get('body', b''))
+        if message.get('more_body'):
+            return
+        try:
+            code = json.loads(b''.join(chunks)).get('code')
+        except (ValueError, AttributeError):
+            code = None
+        body = json.dumps({'code': code}).encode()
+        headers = [(k, v) for k, v in start.get('headers', []) if k.lower() not in (b'content-length', b'content-type')]
+        await send({**start, 'headers': [*headers, (b'content-type', b'application/json'),
+                                         (b'content-length', str(len(body)).encode())]})
+        await send({'type': 'http.response.body', 'body': body})
+
+    return filtered
+
+
+class ClipServeGateway(CompositeGateway):
+    """Jina's (composite) gateway, with the token check installed on each protocol's server.
+
+    `auth`: `required` (the default: no token, no start), `optional` (checked when the token is set)
+    or `off`; `CLIPSERVE_AUTH` in the environment overrides it.
+    """
+
+    def __init__(self, auth: str = 'required', **kwargs):
+        super().__init__(**kwargs)
+        mode = auth_mode(auth)
+        self.token = os.environ.get(TOKEN_ENV) or None
+        if mode == 'off' or (mode == 'optional' and not self.token):
+            self.logger.warning(f'authentication is OFF (auth={mode}, {TOKEN_ENV} '
+                                f'{"set but ignored" if self.token else "unset"}): '
+                                'this gateway serves anyone who can reach it')
+            self.token = None
+            return
+        if not self.token:
+            raise AuthConfigError(
+                f'{TOKEN_ENV} is not set, and this gateway requires a token: set {TOKEN_ENV} in the environment '
+                f'of the Flow, or opt out explicitly with {AUTH_ENV}=off (the gateway then serves anyone)')
         for server in self.servers:
-            if hasattr(server, 'grpc_tracing_server_interceptors'):
-                server.grpc_tracing_server_interceptors = [
-                    *(server.grpc_tracing_server_interceptors or []), TokenInterceptor(self.token)]
-            else:
-                _after_setup(server, self.token)
+            protect(server, self.token)
+        self.logger.info(f'token authentication on for {len(self.servers)} protocol(s)')
 
 
-def _after_setup(server, token: str) -> None:
+def protect(server, token: str) -> None:
+    """Install the token check on one of Jina's servers, chosen by its type; unknown types refuse to start."""
+    if isinstance(server, GRPCServer):
+        # GRPCServer builds its grpc.aio server with this list of interceptors (in setup_server).
+        if not hasattr(server, 'grpc_tracing_server_interceptors'):
+            raise AuthConfigError(f'cannot install the token check on {type(server).__name__}: this jina '
+                                  'version builds its gRPC server differently')
+        server.grpc_tracing_server_interceptors = [*(server.grpc_tracing_server_interceptors or []),
+                                                   TokenInterceptor(token)]
+    elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
+        _wrap_app_after_setup(server, token)
+    else:
+        raise AuthConfigError(f'cannot install the token check on a {type(server).__name__} server; '
+                              'use the grpc, http or websocket protocol')
+
+
+def _wrap_app_after_setup(server, token: str) -> None:
     """FastAPI-based servers build their app during setup: wrap it right after, before it serves."""
     original = server.setup_server
 

@@ -5,8 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 import requests
+from google.protobuf.empty_pb2 import Empty
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from jina.proto import jina_pb2, jina_pb2_grpc
 from clip_client import Client as ClipClient
 
 from clipserve_client import Client
@@ -53,12 +57,92 @@ def test_clipserve_client_sends_the_token_on_every_protocol(auth_flow, protocol)
     scheme = {'grpc': 'grpc', 'http': 'http', 'websocket': 'ws'}[protocol]
     url = f'{scheme}://127.0.0.1:{auth_flow[protocol]}'
     assert Client(url, credential={'Authorization': TOKEN}).encode(['hi']).shape == (1, 64)
-    with pytest.raises(Exception):
-        Client(url, retries=0).encode(['hi'])
+    refusal = {'grpc': 'UNAUTHENTICATED', 'http': 'HTTP 401', 'websocket': 'HTTP 403'}[protocol]
+    for credential in ({}, {'Authorization': 'wrong'}):
+        with pytest.raises(Exception, match=refusal):
+            Client(url, credential=credential, retries=0).encode(['hi'])
 
 
-def test_health_checks_stay_open(auth_flow):
-    assert requests.get(f'http://127.0.0.1:{auth_flow["http"]}/status', timeout=30).status_code == 200
+def test_health_checks_stay_open_and_say_only_ready_or_not(auth_flow):
     jina = str(Path(sys.executable).parent / 'jina')
     ping = subprocess.run([jina, 'ping', 'flow', f'grpc://127.0.0.1:{auth_flow["grpc"]}'], capture_output=True, timeout=120)
     assert ping.returncode == 0
+    dry_run = requests.get(f'http://127.0.0.1:{auth_flow["http"]}/dry_run', timeout=30)
+    assert dry_run.status_code == 200 and set(dry_run.json()) == {'code'}
+    with grpc.insecure_channel(f'127.0.0.1:{auth_flow["grpc"]}') as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        status = jina_pb2_grpc.JinaGatewayDryRunRPCStub(channel).dry_run(Empty(), timeout=30)
+        assert status == jina_pb2.StatusProto(code=status.code)  # nothing but the code
+
+
+@pytest.mark.parametrize('path', ['/', '/status', '/docs', '/openapi.json', '/redoc', '/post', '/encode'])
+def test_http_debug_and_info_routes_need_the_token(auth_flow, path):
+    url = f'http://127.0.0.1:{auth_flow["http"]}{path}'
+    assert requests.get(url, timeout=30).status_code == 401
+    assert requests.get(url, headers={'Authorization': TOKEN}, timeout=30).status_code != 401
+
+
+def test_grpc_info_and_reflection_need_the_token(auth_flow):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(f'127.0.0.1:{auth_flow["grpc"]}') as channel:
+        info = jina_pb2_grpc.JinaInfoRPCStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            info._status(Empty(), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert info._status(Empty(), metadata=[('authorization', TOKEN)], timeout=30).jina
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        ask = reflection_pb2.ServerReflectionRequest(list_services='')
+        with pytest.raises(grpc.RpcError) as refused:
+            list(reflect.ServerReflectionInfo(iter([ask]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        [answer] = reflect.ServerReflectionInfo(iter([ask]), metadata=[('authorization', TOKEN)], timeout=30)
+        assert answer.list_services_response.service
+
+
+def _start(env):
+    """`jina flow --uses flows/auth.yml` (tiny model, free ports) in a fresh process, until it serves gRPC
+    or exits: (exit code or None while serving, its output)."""
+    import tempfile
+    import time
+
+    import yaml
+
+    from .conftest import ROOT, stop_process
+
+    config = yaml.safe_load((ROOT / 'flows' / 'auth.yml').read_text())
+    ports = [free_port() for _ in range(3)]
+    config['gateway']['port'] = ports
+    folder = Path(tempfile.mkdtemp())
+    (folder / 'auth.yml').write_text(yaml.safe_dump(config, sort_keys=False))
+    log = folder / 'log.txt'
+    with open(log, 'w') as out:
+        process = subprocess.Popen([str(Path(sys.executable).parent / 'jina'), 'flow', '--uses', str(folder / 'auth.yml')],
+                                   env={**os.environ, 'CLIPSERVE_MODEL': TINY, 'COLUMNS': '300', **env},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 120
+    try:
+        while process.poll() is None and time.time() < deadline:
+            with grpc.insecure_channel(f'127.0.0.1:{ports[0]}') as channel:
+                try:
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.5)
+    finally:
+        returncode = process.poll()
+        stop_process(process)
+    return returncode, log.read_text()
+
+
+def test_without_a_token_the_auth_flow_refuses_to_start():
+    returncode, output = _start({'CLIPSERVE_AUTH_TOKEN': '', 'CLIPSERVE_AUTH': ''})
+    assert returncode not in (None, 0), output[-3000:]
+    assert 'CLIPSERVE_AUTH_TOKEN is not set' in output and 'CLIPSERVE_AUTH=off' in output
+
+
+def test_opting_out_of_the_token_is_explicit_and_logged():
+    returncode, output = _start({'CLIPSERVE_AUTH_TOKEN': '', 'CLIPSERVE_AUTH': 'off'})
+    assert returncode is None, output[-3000:]  # it served
+    assert 'authentication is OFF' in output
