@@ -11,7 +11,13 @@ from typing import Callable
 import numpy as np
 from docarray import Document, DocumentArray
 
-from clipserve.models.preprocess import PreprocessConfig, image_from_array, preprocess_bytes, preprocess_image
+from clipserve.models.preprocess import (
+    ImageError,
+    PreprocessConfig,
+    image_from_array,
+    preprocess_bytes,
+    preprocess_image,
+)
 from clipserve.uris import UriPolicy
 
 
@@ -37,11 +43,18 @@ def image_loader(doc: Document, policy: UriPolicy, config: PreprocessConfig) -> 
     Document, and the document itself is never mutated by loading.
     """
     tensor, blob, uri = doc.tensor, doc.blob, doc.uri
-    if tensor is not None:
+    if tensor is not None:  # capped by its shape: max_pixels, checked before any conversion
         return lambda: preprocess_image(image_from_array(np.asarray(tensor), config), config)
     if blob:
-        return lambda: preprocess_bytes(blob, config)
+        return lambda: preprocess_bytes(_capped(blob, policy.max_bytes), config)
     return lambda: preprocess_bytes(policy.load(uri), config)
+
+
+def _capped(blob: bytes, max_bytes: int) -> bytes:
+    """The same cap on encoded bytes as data: URIs, files and downloads have (max_image_bytes)."""
+    if len(blob) > max_bytes:
+        raise ImageError(f'the image blob is {len(blob)} bytes, over the limit of {max_bytes} bytes (max_image_bytes)')
+    return blob
 
 
 def drop_image_content(doc: Document) -> None:

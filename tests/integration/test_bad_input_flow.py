@@ -82,3 +82,16 @@ def test_known_parameter_with_wrong_type(tiny_flow, parameters, name):
 def test_unknown_parameters_are_ignored(tiny_flow):
     out = post(tiny_flow, DocumentArray([Document(text='x')]), {'limit': 10, 'something_else': {'a': 1}})
     assert out[0].embedding is not None
+
+
+def test_blob_over_the_byte_cap(tiny_flow):
+    """max_image_bytes (default 20 MiB) holds for blobs, what both clients send, as for data URIs and files."""
+    oversized = make_image() + b'\0' * (20 * 1024 * 1024)  # a valid PNG with trailing bytes: decodable if read
+    docs = DocumentArray([Document(id='ok', blob=make_image()), Document(id='big-blob', blob=oversized)])
+    message = expect_error(tiny_flow, docs, 'big-blob', 'over the limit of 20971520 bytes', 'max_image_bytes')
+    assert "'ok'" not in message
+
+
+def test_tensor_over_the_pixel_cap(tiny_flow):
+    docs = DocumentArray([Document(id='big-tensor', tensor=np.zeros((2001, 2000, 3), dtype=np.uint8))])
+    expect_error(tiny_flow, docs, 'big-tensor', '4000000')
