@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from clipserve.backends.base import Backend, BackendOptions
+from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
 from clipserve.models.names import parse_model_name
@@ -167,7 +168,7 @@ class OnnxBackend(Backend):
 
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':
-            path = self._fp16_copy(path)
+            path = fp16_copy(path)
         session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
         if self.device.startswith('cuda') and session.get_providers()[0] != 'CUDAExecutionProvider':
             # onnxruntime silently falls back to the CPU when CUDA/cuDNN libraries do not load
@@ -176,22 +177,6 @@ class OnnxBackend(Backend):
                 'check that the CUDA and cuDNN versions match onnxruntime-gpu, or use device "cpu"'
             )
         return session
-
-    def _fp16_copy(self, path: Path) -> Path:
-        """Convert to fp16 once (inputs and outputs stay float32) and cache the result beside the source."""
-        digest = hashlib.sha256(f'{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}'.encode()).hexdigest()[:12]
-        target = cache_dir() / 'onnx-fp16' / f'{path.stem}-{digest}.onnx'
-        if not target.is_file():
-            import onnx
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            target.parent.mkdir(parents=True, exist_ok=True)
-            converted = convert_float_to_float16(onnx.load(str(path)), keep_io_types=True)
-            tmp = target.with_suffix('.tmp')
-            onnx.save_model(converted, str(tmp), save_as_external_data=converted.ByteSize() > 2**31 - 1024**2,
-                            location=f'{target.name}.data')
-            os.replace(tmp, target)
-        return target
 
     def _probe_dim(self, image_size: int) -> int:
         zeros = np.zeros((1, 3, image_size, image_size), dtype=self._pixel_type)
