@@ -93,6 +93,20 @@ def test_old_tensorrt_is_refused(monkeypatch):
         trb.import_tensorrt()
 
 
+def test_tensorrt_11_is_refused_with_the_reason(monkeypatch):
+    # TensorRT 11 removed BuilderFlag.FP16: without this check a fresh install failed with an AttributeError
+    monkeypatch.setitem(sys.modules, 'tensorrt', types.SimpleNamespace(__version__='11.4.0.106'))
+    with pytest.raises(BackendUnavailableError, match='found TensorRT 11.4.0.106.*removed BuilderFlag.FP16'):
+        trb.import_tensorrt()
+
+
+def test_the_extra_caps_tensorrt_below_11():
+    import tomllib
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[2] / 'pyproject.toml').read_text())
+    assert 'tensorrt>=10,<11' in extra['project']['optional-dependencies']['tensorrt']
+
+
 def test_missing_cuda_python_is_backend_unavailable(monkeypatch):
     import builtins
 
@@ -142,7 +156,8 @@ def test_cuda_device_index(device, index):
     assert parse_cuda_device(device) == index
 
 
-@pytest.mark.parametrize('device,words', [('cpu', 'NVIDIA GPUs only'), ('cuda:x', 'unknown device'), ('mps', 'unknown device')])
+@pytest.mark.parametrize('device,words', [('cpu', 'NVIDIA GPUs only'), ('cuda:x', 'unknown device'), ('mps', 'unknown device'),
+                                          ('cuda:-1', 'unknown device'), ('gpu', 'unknown device')])
 def test_cuda_device_refused(device, words):
     with pytest.raises(BackendUnavailableError, match=words):
         parse_cuda_device(device)

@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from clipserve.backends.base import Backend, BackendOptions
+from clipserve.backends.devices import parse_device
 from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
@@ -74,8 +75,7 @@ def _static(dim) -> int | None:
 def _providers(device: str) -> list:
     if device == 'cpu':
         return ['CPUExecutionProvider']
-    index = int(device.split(':')[1]) if ':' in device else 0
-    return [('CUDAExecutionProvider', {'device_id': index}), 'CPUExecutionProvider']
+    return [('CUDAExecutionProvider', {'device_id': int(device.partition(':')[2] or 0)}), 'CPUExecutionProvider']
 
 
 class OnnxBackend(Backend):
@@ -123,18 +123,16 @@ class OnnxBackend(Backend):
     @staticmethod
     def _pick_device(device: str | None) -> str:
         available = ort.get_available_providers()
-        if device in (None, '', 'auto'):
+        parsed = parse_device(device, 'onnx')
+        if parsed.kind is None:
             return 'cuda' if 'CUDAExecutionProvider' in available else 'cpu'
-        device = str(device)
-        if device.startswith('cuda') and 'CUDAExecutionProvider' not in available:
+        if parsed.kind == 'cuda' and 'CUDAExecutionProvider' not in available:
             raise BackendUnavailableError(
                 f'device {device!r} was asked for, but this onnxruntime ({ort.__version__}) has no CUDA provider '
                 f'(available: {", ".join(available)}). Install the onnx-gpu extra (onnxruntime-gpu, never together '
                 'with onnxruntime), or use device "cpu".'
             )
-        if device != 'cpu' and not device.startswith('cuda'):
-            raise BackendUnavailableError(f'unknown device {device!r} for the onnx backend; use "cpu" or "cuda[:N]"')
-        return device
+        return str(parsed)
 
     def _locate(self, model: str | None, model_path: str | None) -> Path:
         if model_path:
@@ -169,7 +167,16 @@ class OnnxBackend(Backend):
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':
             path = fp16_copy(path)
-        session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
+        try:
+            session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
+        except Exception as e:
+            if self.device == 'cpu':
+                raise
+            # e.g. cuda:7 on a machine with fewer GPUs: CUDA's "invalid device ordinal"
+            raise BackendUnavailableError(
+                f'onnxruntime could not start {path.name} on device {self.device!r}: {e}. Check the device index '
+                '(CUDA_VISIBLE_DEVICES orders them from 0) and that the CUDA and cuDNN versions match onnxruntime-gpu'
+            ) from e
         if self.device.startswith('cuda') and session.get_providers()[0] != 'CUDAExecutionProvider':
             # onnxruntime silently falls back to the CPU when CUDA/cuDNN libraries do not load
             raise BackendUnavailableError(

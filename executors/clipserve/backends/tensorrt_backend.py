@@ -26,12 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from clipserve.backends.base import Backend, BackendOptions
+from clipserve.backends.devices import parse_device
 from clipserve.errors import BackendUnavailableError, EngineBuildError, InvalidParameterError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
 from clipserve.models.preprocess import PreprocessConfig
 
 INSTALL_COMMAND = 'pip install "clipserve[tensorrt]"'
 MIN_TENSORRT_MAJOR = 10  # the named-tensor API and execute_async_v3
+MAX_TENSORRT_MAJOR = 10  # TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines are built with
 ENGINE_FORMAT = 1  # bump when what goes into an engine changes (builder flags, profiles), so caches rebuild
 METADATA_FILE = 'clipserve.json'  # written by clipserve's ONNX exporter (onnx_backend.METADATA_FILE)
 OPT_TEXT_LENGTH = 16  # TensorRT tunes kernels for the opt shape; real queries are 10-20 tokens
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 def not_installed_message(cause: object) -> str:
     """Why the backend cannot start without TensorRT, and the exact command that fixes it."""
     return (
-        f'the tensorrt backend needs TensorRT {MIN_TENSORRT_MAJOR} or newer and cuda-python ({cause}). '
+        f'the tensorrt backend needs TensorRT {MIN_TENSORRT_MAJOR}.x and cuda-python ({cause}). '
         f'Install them with: {INSTALL_COMMAND}  -- the tensorrt wheel downloads its libraries from '
         "NVIDIA's package index (pypi.nvidia.com), which must be reachable; without it, install TensorRT "
         "from NVIDIA's tar or deb packages. Or choose backend \"onnx\" or \"torch\" yourself: clipserve "
@@ -100,17 +102,12 @@ def build_failure_message(tower: str, onnx_file: Path, stage: str, errors: list[
 
 def parse_cuda_device(device: str | None) -> int:
     """The CUDA device index for `device`; `None` means the first GPU. There is no CPU path."""
-    if device in (None, '', 'auto', 'cuda'):
-        return 0
-    device = str(device)
-    if device == 'cpu':
+    parsed = parse_device(device, 'tensorrt')
+    if parsed.kind == 'cpu':
         raise BackendUnavailableError(
             'the tensorrt backend runs on NVIDIA GPUs only; for the CPU choose backend "onnx" or "torch"'
         )
-    match = re.fullmatch(r'cuda:(\d+)', device)
-    if not match:
-        raise BackendUnavailableError(f'unknown device {device!r} for the tensorrt backend; use "cuda" or "cuda:N"')
-    return int(match.group(1))
+    return parsed.index or 0
 
 
 def pick_precision(dtype: str | None) -> str:
@@ -370,8 +367,11 @@ def import_tensorrt():
     except (ImportError, OSError) as e:  # OSError: the wheel is there, its libnvinfer is not
         raise BackendUnavailableError(not_installed_message(f'import tensorrt failed: {e}')) from e
     version = getattr(trt, '__version__', '0')
-    if _version_major(version) < MIN_TENSORRT_MAJOR:
-        raise BackendUnavailableError(not_installed_message(f'found TensorRT {version}'))
+    if not MIN_TENSORRT_MAJOR <= _version_major(version) <= MAX_TENSORRT_MAJOR:
+        raise BackendUnavailableError(not_installed_message(
+            f'found TensorRT {version}, outside the supported {MIN_TENSORRT_MAJOR}.x'
+            + (': TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines use'
+               if _version_major(version) > MAX_TENSORRT_MAJOR else '')))
     return trt
 
 
@@ -595,9 +595,9 @@ class TensorRTBackend(Backend):
         self.max_batch = check_max_batch(max_batch)
         self._runners: list[_TowerRunner] = []
         # Cheap checks first: a missing install or GPU must fail before minutes of export or build.
+        index = parse_cuda_device(options.device)
         trt = import_tensorrt()
         cudart = import_cudart()
-        index = parse_cuda_device(options.device)
         self.dtype = pick_precision(options.dtype)
         self.gpu = cuda_device(cudart, index, str(options.device or 'cuda'))
         self.device = f'cuda:{index}'

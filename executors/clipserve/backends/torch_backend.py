@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from clipserve.backends.base import Backend, BackendOptions
+from clipserve.backends.devices import check_index, parse_device
 from clipserve.errors import BackendUnavailableError
 from clipserve.models.loading import build_model
 from clipserve.models.names import parse_model_name
@@ -17,16 +18,17 @@ TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bflo
 
 def pick_device(device: str | None) -> str:
     """`None` means CUDA when present; asking for CUDA without it is an error, never a silent CPU fallback."""
-    if device in (None, '', 'auto'):
+    parsed = parse_device(device, 'torch', kinds=('cpu', 'cuda', 'mps'))
+    if parsed.kind is None:
         return 'cuda' if torch.cuda.is_available() else 'cpu'
-    if str(device).startswith('cuda') and not torch.cuda.is_available():
-        raise BackendUnavailableError(
-            f'device {device!r} was asked for, but torch sees no CUDA device '
-            f'(torch {torch.__version__}, built for CUDA {torch.version.cuda}). Use device "cpu", or fix the driver.'
-        )
-    if device != 'cpu' and not str(device).startswith(('cuda', 'mps')):
-        raise BackendUnavailableError(f'unknown device {device!r}; use "cpu", "cuda" or "cuda:N"')
-    return str(device)
+    if parsed.kind == 'cuda':
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                f'device {device!r} was asked for, but torch sees no CUDA device '
+                f'(torch {torch.__version__}, built for CUDA {torch.version.cuda}). Use device "cpu", or fix the driver.'
+            )
+        check_index(parsed, torch.cuda.device_count(), 'torch')
+    return str(parsed)
 
 
 def pick_dtype(dtype: str | None, device: str) -> str:
