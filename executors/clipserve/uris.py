@@ -3,7 +3,8 @@
 `data:` URIs are always decoded (they carry their own bytes). Reading local files and fetching
 http(s) URLs are server-side actions a client could abuse (file disclosure, SSRF), so each is off
 until the operator turns it on; local reads can be confined to one directory, and fetches get a
-timeout, a size cap and a refusal of loopback/private/link-local addresses unless allow-listed.
+timeout, a size cap and a refusal of non-public addresses (loopback, private, link-local, ...,
+also inside IPv6 forms that embed an IPv4 address) unless allow-listed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote_to_bytes
 
+_NAT64 = ipaddress.ip_network('64:ff9b::/96')             # RFC 6052: the IPv4 address is the last 32 bits
+_NAT64_LOCAL = ipaddress.ip_network('64:ff9b:1::/48')     # RFC 8215: local-use NAT64, never public
+_IPV4_COMPATIBLE = ipaddress.ip_network('::/96')          # deprecated ::a.b.c.d
+_UNIQUE_LOCAL = ipaddress.ip_network('fc00::/7')
+_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 class UriError(ValueError):
     """A URI the policy refuses, or one that cannot be read; the message says which and why."""
@@ -32,7 +39,11 @@ class UriPolicy:
     allow_remote: bool = False
     remote_timeout: float = 10.0              # seconds, for the whole fetch
     max_bytes: int = 20 * 1024 * 1024         # cap for data: payloads, files and downloads
-    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)  # hosts/networks exempt from the address check
+    allowed_hosts: tuple[str, ...] = field(default_factory=tuple)  # host names, addresses or CIDR networks
+    #                                         exempt from the non-public address check
+
+    def __post_init__(self):
+        _parse_allowed_hosts(self.allowed_hosts)  # a malformed network fails here, at startup, not per request
 
     def load(self, uri: str) -> bytes:
         """The bytes `uri` points to, or UriError."""
@@ -71,7 +82,8 @@ class UriPolicy:
 
     def _check_host(self, url: str) -> None:
         host = urllib.parse.urlsplit(url).hostname or ''
-        if host in self.allowed_hosts:
+        names, networks = _parse_allowed_hosts(self.allowed_hosts)
+        if host.rstrip('.').lower() in names:
             return
         try:
             infos = socket.getaddrinfo(host, None)
@@ -79,12 +91,13 @@ class UriPolicy:
             raise UriError(f'cannot resolve host {host!r}: {e}') from e
         for info in infos:
             address = ipaddress.ip_address(info[4][0].split('%')[0])
-            if any(address in ipaddress.ip_network(net, strict=False) for net in self.allowed_hosts if '/' in net):
+            if any(address in network for network in networks):
                 continue
-            if not address.is_global:
+            reason = non_public_reason(address)
+            if reason is not None:
                 raise UriError(
-                    f'host {host!r} resolves to the non-public address {address}; the server refuses to fetch it '
-                    '(the operator can allow-list it)'
+                    f'host {host!r} resolves to the non-public address {address} ({reason}); the server refuses to '
+                    'fetch it (the operator can allow-list it with remote_allowed_hosts)'
                 )
 
     def _fetch(self, url: str) -> bytes:
@@ -120,6 +133,89 @@ class UriPolicy:
         if size > self.max_bytes:
             raise UriError(f'the remote file is larger than the limit of {self.max_bytes} bytes')
         return b''.join(chunks)
+
+
+def non_public_reason(ip: str | _IPAddress) -> str | None:
+    """Why `ip` is not a public address (e.g. 'loopback'), or None when it is public.
+
+    IPv6 forms that carry an IPv4 address are judged by that address: IPv4-mapped and NAT64
+    (64:ff9b::/96) are how IPv4 is reached over IPv6, so the IPv4 address decides; for 6to4, Teredo and
+    the deprecated IPv4-compatible form a non-public IPv4 address inside refuses the address too.
+    """
+    if isinstance(ip, str):
+        ip = ipaddress.ip_address(ip.split('%')[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return _embedded_reason('IPv4-mapped', ip.ipv4_mapped)
+        if ip in _NAT64:
+            return _embedded_reason('NAT64', ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if ip in _NAT64_LOCAL:
+            return 'local-use NAT64 prefix 64:ff9b:1::/48'
+        embedded = []
+        if ip in _IPV4_COMPATIBLE and int(ip) > 1:  # :: and ::1 are judged as themselves
+            embedded.append(('IPv4-compatible', ipaddress.IPv4Address(int(ip))))
+        if ip.sixtofour is not None:
+            embedded.append(('6to4', ip.sixtofour))
+        if ip.teredo is not None:
+            embedded += [('Teredo server', ip.teredo[0]), ('Teredo client', ip.teredo[1])]
+        for form, ipv4 in embedded:
+            reason = _embedded_reason(form, ipv4)
+            if reason is not None:
+                return reason
+    return _plain_reason(ip)
+
+
+def _embedded_reason(form: str, ipv4: ipaddress.IPv4Address) -> str | None:
+    reason = _plain_reason(ipv4)
+    return None if reason is None else f'{form} form of the {reason} address {ipv4}'
+
+
+def _plain_reason(ip: _IPAddress) -> str | None:
+    if ip.is_unspecified:
+        return 'unspecified'
+    if ip.is_loopback:
+        return 'loopback'
+    if ip.is_link_local:
+        return 'link-local'
+    if ip.is_multicast:
+        return 'multicast'
+    if isinstance(ip, ipaddress.IPv6Address) and ip in _UNIQUE_LOCAL:
+        return 'unique-local'
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return 'site-local'
+    if ip.is_private:
+        return 'private'
+    if ip.is_reserved:
+        return 'reserved'
+    if not ip.is_global:
+        return 'not globally routable'
+    return None
+
+
+def _parse_allowed_hosts(entries: tuple[str, ...]) -> tuple[frozenset[str], tuple]:
+    """(host names, networks): an entry that parses as an address or CIDR network is a network."""
+    names, networks = set(), []
+    for entry in entries:
+        entry = str(entry).strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry.strip('[]'), strict=False))
+        except ValueError:
+            if '/' in entry:
+                raise ValueError(f'remote_allowed_hosts: {entry!r} is not a valid address or network') from None
+            names.add(_ascii_host(entry).rstrip('.'))
+    return frozenset(names), tuple(networks)
+
+
+def _ascii_host(host: str) -> str:
+    """The host name as sent to the resolver and in the Host header (IDNA for non-ASCII names), lower case."""
+    if not host:
+        raise UriError('the URL has no host')
+    try:
+        return (host if host.isascii() else host.encode('idna').decode('ascii')).lower()
+    except UnicodeError:
+        raise UriError(f'invalid host name {host!r}') from None
 
 
 def decode_data_uri(uri: str, max_bytes: int) -> bytes:
