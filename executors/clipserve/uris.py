@@ -2,9 +2,10 @@
 
 `data:` URIs are always decoded (they carry their own bytes). Reading local files and fetching
 http(s) URLs are server-side actions a client could abuse (file disclosure, SSRF), so each is off
-until the operator turns it on; local reads can be confined to one directory, and fetches get a
-timeout, a size cap and a refusal of non-public addresses (loopback, private, link-local, ...,
-also inside IPv6 forms that embed an IPv4 address) unless allow-listed.
+until the operator turns it on. Local reads can be confined to one directory and read only regular
+files, never more than the size cap; fetches get a timeout, a size cap and a refusal of non-public
+addresses (loopback, private, link-local, ..., also inside IPv6 forms that embed an IPv4 address)
+unless allow-listed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import binascii
 import ipaddress
 import os
 import socket
+import stat
 import time
 import urllib.parse
 import urllib.request
@@ -69,16 +71,33 @@ class UriPolicy:
         raise UriError(f'unsupported URI scheme {scheme!r}; use data:, or http(s)/files where the operator allows them')
 
     def _read_file(self, path: str) -> bytes:
+        """Read a regular file under the root, at most max_bytes; st_size is not trusted (it is 0 in /proc)."""
         real = Path(os.path.realpath(os.path.expanduser(path)))
         if self.local_files_root is not None:
             root = Path(os.path.realpath(os.path.expanduser(self.local_files_root)))
             if real != root and root not in real.parents:
                 raise UriError(f'the file is outside the directory this server may read ({root})')
-        if not real.is_file():
-            raise UriError('no such file on the server')
-        if real.stat().st_size > self.max_bytes:
+        try:
+            # stat before opening: opening a FIFO blocks and opening a device can have side effects.
+            if not stat.S_ISREG(os.stat(real).st_mode):
+                raise UriError('not a regular file on the server (directories, devices and pipes are refused)')
+            # O_NONBLOCK: should the path have become a FIFO since the stat, open must not block;
+            # O_NOFOLLOW: nor may its last component have become a symlink out of the root.
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, 'O_CLOEXEC', 0))
+            with open(fd, 'rb') as f:
+                status = os.fstat(f.fileno())
+                if not stat.S_ISREG(status.st_mode):
+                    raise UriError('not a regular file on the server (directories, devices and pipes are refused)')
+                if status.st_size > self.max_bytes:  # believed when it is too large, never when it is small
+                    raise UriError(f'the file is larger than the limit of {self.max_bytes} bytes')
+                data = f.read(self.max_bytes + 1)
+        except FileNotFoundError:
+            raise UriError('no such file on the server') from None
+        except OSError as e:
+            raise UriError(f'cannot read the file on the server: {e.strerror or type(e).__name__}') from None
+        if len(data) > self.max_bytes:
             raise UriError(f'the file is larger than the limit of {self.max_bytes} bytes')
-        return real.read_bytes()
+        return data
 
     def _check_host(self, url: str) -> None:
         host = urllib.parse.urlsplit(url).hostname or ''

@@ -1,5 +1,7 @@
 import base64
 import os
+import threading
+import time
 
 import pytest
 
@@ -117,3 +119,50 @@ def test_malformed_allow_list_networks_fail_at_construction():
     with pytest.raises(ValueError, match='10.0.0.0/33'):
         UriPolicy(allow_remote=True, allowed_hosts=('10.0.0.0/33',))
     UriPolicy(allow_remote=True, allowed_hosts=('images.example.com', '10.0.0.5', '10.1.0.0/16', '[::1]', ''))
+
+
+def unblock_fifo_reader(path):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # fails (ENXIO) until someone opened it to read
+        except OSError:
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize('special', ['/dev/zero', '/dev/null', 'fifo', 'directory'])
+def test_only_regular_files_are_read(tmp_path, special):
+    if special == 'fifo':
+        special = str(tmp_path / 'fifo')
+        os.mkfifo(special)  # opening it would block until a writer came: it must be refused before opening
+        threading.Thread(target=unblock_fifo_reader, args=(special,), daemon=True).start()  # no hang if it is not
+    elif special == 'directory':
+        special = str(tmp_path)
+    with pytest.raises(UriError, match='not a regular file'):
+        UriPolicy(allow_local_files=True).load(special)
+
+
+def test_proc_files_that_report_size_zero_are_still_capped():
+    """/proc files have st_size 0 whatever their length: the read itself must be bounded."""
+    policy = UriPolicy(allow_local_files=True, local_files_root='/proc', max_bytes=16)
+    assert os.stat('/proc/self/maps').st_size == 0
+    with pytest.raises(UriError, match='larger than the limit of 16 bytes'):
+        policy.load('/proc/self/maps')
+
+
+def test_file_size_cap(tmp_path):
+    f = tmp_path / 'x.jpg'
+    f.write_bytes(b'x' * 100)
+    assert UriPolicy(allow_local_files=True, max_bytes=100).load(str(f)) == b'x' * 100
+    with pytest.raises(UriError, match='larger than the limit of 99 bytes'):
+        UriPolicy(allow_local_files=True, max_bytes=99).load(str(f))
+
+
+def test_unreadable_files_are_refused_with_a_message(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip('root reads any file')
+    f = tmp_path / 'x.jpg'
+    f.write_bytes(b'x')
+    f.chmod(0)
+    with pytest.raises(UriError, match='cannot read the file on the server: Permission denied'):
+        UriPolicy(allow_local_files=True).load(str(f))
