@@ -69,7 +69,8 @@ def teredo(server: str, client: str) -> str:
     """A Teredo address (2001::/32): the server's IPv4 address, then the client's with every bit flipped."""
     import ipaddress
 
-    value = (0x20010000 << 96) | (int(ipaddress.IPv4Address(server)) << 64) | (~int(ipaddress.IPv4Address(client)) & 0xFFFFFFFF)
+    server_bits, client_bits = int(ipaddress.IPv4Address(server)), int(ipaddress.IPv4Address(client))
+    value = (0x20010000 << 96) | (server_bits << 64) | (~client_bits & 0xFFFFFFFF)
     return str(ipaddress.IPv6Address(value))
 
 
