@@ -93,8 +93,10 @@ def test_only_the_gateway_listens_beyond_loopback(flow_name, edit, tmp_path, mon
 
     monkeypatch.setenv('CLIPSERVE_AUTH_TOKEN', 'a-token')
     flow = flow_from_yaml(flow_name, tmp_path, change, {'CLIPSERVE_MODEL': TINY})
+    # other tests' Flows may still run as our children: judge only the processes this Flow starts
+    already_running = descendants(os.getpid())
     with flow:
-        sockets = listening(descendants(os.getpid()))
+        sockets = listening(descendants(os.getpid()) - already_running)
     beyond = [(str(a), port) for a, port, _ in sockets if not _is_loopback(a)]
     on_loopback = [port for a, port, _ in sockets if _is_loopback(a)]
     assert sorted(port for _, port in beyond) == sorted(gateway_ports), (beyond, gateway_ports)
