@@ -5,66 +5,25 @@ Read from the kernel's socket tables (/proc/net/tcp, tcp6) for the Flow's proces
 leaves loopback.
 """
 
-import ipaddress
 import os
-from pathlib import Path
+import socket
 
 import pytest
 import yaml
 
+from ..procfs import descendants, listening
 from .conftest import ROOT, TINY, flow_from_yaml, free_port, set_port
 
-LISTEN = '0A'
 
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f'/proc/{pid}/fd').iterdir():
+def _own_address() -> str | None:
+    """This machine's address on its default route (a UDP connect sends nothing), None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         try:
-            target = os.readlink(fd)
+            probe.connect(('192.0.2.1', 9))
         except OSError:
-            continue
-        if target.startswith('socket:['):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    raw = bytes.fromhex(hex_address)
-    if len(raw) == 4:
-        return ipaddress.IPv4Address(raw[::-1])
-    # IPv6 is four little-endian 32-bit words
-    return ipaddress.IPv6Address(b''.join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-
-
-def listening(pids: set[int]) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int, int]]:
-    """(address, port, pid) of every listening TCP socket the processes `pids` hold."""
-    owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
-    found = []
-    for table in ('/proc/net/tcp', '/proc/net/tcp6'):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == LISTEN and inode in owner:
-                host, port = local.split(':')
-                found.append((_address(host), int(port, 16), owner[inode]))
-    return found
-
-
-def descendants(pid: int) -> set[int]:
-    children = {}
-    for stat in Path('/proc').glob('[0-9]*/stat'):
-        try:
-            fields = stat.read_text().rsplit(')', 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith('127.') else address
 
 
 def _is_loopback(address) -> bool:
@@ -97,9 +56,18 @@ def test_only_the_gateway_listens_beyond_loopback(flow_name, edit, tmp_path, mon
     already_running = descendants(os.getpid())
     with flow:
         sockets = listening(descendants(os.getpid()) - already_running)
-    beyond = [(str(a), port) for a, port, _ in sockets if not _is_loopback(a)]
-    on_loopback = [port for a, port, _ in sockets if _is_loopback(a)]
-    assert sorted(port for _, port in beyond) == sorted(gateway_ports), (beyond, gateway_ports)
-    # the executors (and the head of a sharded one) are there, on loopback
-    expected_runtimes = 5 if flow_name == 'shards.yml' else 1
-    assert len(on_loopback) >= expected_runtimes, sockets
+        beyond = [(str(a), port) for a, port, _ in sockets if not _is_loopback(a)]
+        on_loopback = [port for a, port, _ in sockets if _is_loopback(a)]
+        assert sorted(port for _, port in beyond) == sorted(gateway_ports), (beyond, gateway_ports)
+        # the executors (and the head of a sharded one) are there, on loopback
+        expected_runtimes = 5 if flow_name == 'shards.yml' else 1
+        assert len(on_loopback) >= expected_runtimes, sockets
+        # a client that tries an executor's port on the machine's own address is refused,
+        # while the gateway answers there
+        own = _own_address()
+        if own is not None:
+            for port in on_loopback:
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection((own, port), timeout=5).close()
+            for port in gateway_ports:
+                socket.create_connection((own, port), timeout=5).close()

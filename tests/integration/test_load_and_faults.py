@@ -14,9 +14,9 @@ from ..load import replica_pids, rss_mb, soak
 from .conftest import TINY, make_image
 
 
-def _docs(i, n):
-    return DocumentArray([Document(id=f'{i}-{n}-{k}', text=f'client {i} request {n} doc {k}') for k in range(3)]
-                         + [Document(id=f'{i}-{n}-img', blob=make_image(seed=n % 5))])
+def _docs(i, n, texts=3, images=1):
+    return DocumentArray([Document(id=f'{i}-{n}-{k}', text=f'client {i} request {n} doc {k}') for k in range(texts)]
+                         + [Document(id=f'{i}-{n}-img{k}', blob=make_image(seed=(n + k) % 5)) for k in range(images)])
 
 
 def _check(sent, got):
@@ -38,7 +38,16 @@ def test_soak_short_variant():
     assert after < before * 1.10, f'resident memory grew from {before:.0f} to {after:.0f} MB'
 
 
+def _info(port):
+    responses = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
+                                                         return_responses=True)
+    return next(iter(responses[0].parameters['__results__'].values()))
+
+
 def test_killing_a_replica_mid_load_loses_nothing_silently():
+    """The victim is frozen (SIGSTOP) under load, so a request the gateway sends it waits there: one that
+    has been outstanding many times longer than the live replica takes is in flight at the victim when
+    SIGKILL comes."""
     flow = Flow().add(uses=CLIPEncoder, uses_with={'name': TINY}, replicas=2, allow_concurrent=True)
     with flow:
         pids = set()
@@ -46,12 +55,13 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
             pids.update(replica_pids(flow.port))
         assert len(pids) == 2
         victim = sorted(pids)[0]
-        outcomes, lock = [], threading.Lock()
+        outcomes, lock, waiting_since = [], threading.Lock(), {}
 
         def client(i):
             c = Client(host='127.0.0.1', port=flow.port)
             for n in range(15):
                 docs = _docs(i, n)
+                started = waiting_since[i] = time.monotonic()
                 try:
                     out = c.post('/', docs)
                     _check(docs, out)  # an answer the client sees as success must be complete and right
@@ -61,19 +71,33 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
                 except Exception:
                     result = 'error'  # seen by the client as failed: allowed
                 with lock:
-                    outcomes.append(result)
+                    outcomes.append((result, started, time.monotonic()))
+                    waiting_since[i] = None
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
         [t.start() for t in threads]
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while not outcomes and time.monotonic() < deadline:  # load is flowing through both replicas
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGSTOP)
+        stuck = 0.0
+        while stuck < 3.0 and time.monotonic() < deadline:  # the live replica answers in well under 1 s
+            time.sleep(0.1)
+            now = time.monotonic()
+            stuck = max([now - t for t in list(waiting_since.values()) if t is not None], default=0.0)
         os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert stuck >= 3.0, 'no request waited on the frozen replica'
         [t.join() for t in threads]
-        assert 'WRONG' not in outcomes
-        assert len(outcomes) == 60 and outcomes.count('ok') > 0
+        results = [r for r, _, _ in outcomes]
+        assert 'WRONG' not in results
+        assert len(results) == 60 and results.count('ok') > 0
+        assert any(start < killed_at < end for _, start, end in outcomes), 'no client was waiting at the kill'
         # and the Flow keeps serving on the surviving replica
         out = Client(host='127.0.0.1', port=flow.port).post('/', DocumentArray([Document(text='after the crash')]))
         assert out[0].embedding is not None
-        print(f"\nreplica kill: {outcomes.count('ok')} ok, {outcomes.count('error')} failed visibly, 0 wrong")
+        print(f"\nreplica kill: a request waited {stuck:.1f}s on the frozen replica; "
+              f"{results.count('ok')} ok, {results.count('error')} failed visibly, 0 wrong")
 
 
 def _threads(pid):
@@ -82,9 +106,7 @@ def _threads(pid):
 
 
 def _in_flight(port):
-    responses = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
-                                                         return_responses=True)
-    return next(iter(responses[0].parameters['__results__'].values()))['requests_in_flight']
+    return _info(port)['requests_in_flight']
 
 
 def test_clients_disconnecting_mid_request_leak_no_work(tmp_path):
