@@ -289,6 +289,47 @@ def test_compose_export_of_shipped_flow_validates(flow_name, tmp_path):
     assert all('CLIPSERVE_MODEL=ViT-B-32::openai' in s['environment'] for s in executors)
 
 
+def _readme_yaml(first_line):
+    """The README's YAML block that starts with `first_line`, dedented."""
+    readme = (ROOT / 'README.md').read_text()
+    start = readme.rindex('\n', 0, readme.index(first_line)) + 1  # the line's start, indentation included
+    block = readme[start:readme.index('```', start)]
+    indent = len(block) - len(block.lstrip(' '))
+    return yaml.safe_load('\n'.join(line[indent:] for line in block.splitlines()))
+
+
+def _selects(selector, labels):
+    """Kubernetes label-selector semantics for the matchLabels / matchExpressions(In) the README uses."""
+    if any(labels.get(k) != v for k, v in selector.get('matchLabels', {}).items()):
+        return False
+    for expression in selector.get('matchExpressions', []):
+        assert expression['operator'] == 'In', expression
+        if labels.get(expression['key']) not in expression['values']:
+            return False
+    return True
+
+
+def test_readme_network_policy_admits_only_the_gateway_and_heads_to_executors(tmp_path):
+    policy = _readme_yaml('# executors-policy.yml')
+    policy_file = tmp_path / 'policy.yml'
+    policy_file.write_text(yaml.safe_dump(policy))
+    _k8s_validate([policy_file])
+    flow_file = tmp_path / 'shards.yml'
+    flow_file.write_text(yaml.safe_dump(containerized('shards.yml'), sort_keys=False))
+    _export('kubernetes', flow_file, tmp_path / 'k8s')
+    pods = {d['metadata']['name']: d['spec']['template']['metadata']['labels']
+            for d in _k8s_documents(tmp_path / 'k8s') if d['kind'] == 'Deployment'}
+    kinds = {labels['pod_type'] for labels in pods.values()}
+    assert kinds == {'GATEWAY', 'HEAD', 'WORKER'}, pods
+    assert policy['metadata']['namespace'] == 'clipserve' and policy['spec']['policyTypes'] == ['Ingress']
+    [rule] = policy['spec']['ingress']
+    for name, labels in pods.items():
+        protected = _selects(policy['spec']['podSelector'], labels)
+        assert protected == (labels['pod_type'] != 'GATEWAY'), name  # every executor and head, not the gateway
+        admitted = any(_selects(peer['podSelector'], labels) for peer in rule['from'])
+        assert admitted == (labels['pod_type'] in ('GATEWAY', 'HEAD')), name  # workers cannot call each other
+
+
 def test_gpu_request_reaches_both_exports(tmp_path):
     flow_file = tmp_path / 'torch.yml'
     flow_file.write_text(yaml.safe_dump(containerized('torch.yml', image='clipserve:cuda', gpus=1), sort_keys=False))
