@@ -22,6 +22,7 @@ from clipserve.backends import BACKENDS, BackendOptions, create_backend
 from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
 from clipserve.lean_imports import keep_triton_out
+from clipserve.lifecycle import DEFAULT_GRACE_SECONDS, GRACE_ENV, install_drain_when_served, warm_up_documents
 from clipserve.metrics import Metrics
 from clipserve.models.names import DEFAULT_MODEL, parse_model_name
 from clipserve.models.preprocess import PreprocessConfig
@@ -110,6 +111,7 @@ class CLIPExecutorBase(Executor):
         batch_requests: bool | None = None,
         batch_wait_ms: float = 5.0,
         traversal_paths: str | None = None,
+        shutdown_grace: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -161,7 +163,29 @@ class CLIPExecutorBase(Executor):
         self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', ''))
         self.serve_default = check_bool('serve_default', serve_default)
         self.served_models = [str(m) for m in (served_models or [self.backend.model_name])]
-        self.logger.info(f'ready in {time.perf_counter() - started:.1f}s: {self.backend.describe()}')
+        self.load_seconds = time.perf_counter() - started
+        self.warmup_seconds = self._warm_up()
+        self._draining = False
+        grace = float(env_or_default(shutdown_grace, None) or os.environ.get(GRACE_ENV) or DEFAULT_GRACE_SECONDS)
+        if grace < 0:
+            raise InvalidParameterError(f'shutdown_grace must be >= 0 seconds, got {grace}')
+        self.shutdown_grace = grace
+        if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
+            install_drain_when_served(self, grace, self._start_draining, self.logger)
+        self.logger.info(f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
+                         f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}')
+
+    def _warm_up(self) -> float:
+        """One text and one image through the whole path (preprocessing, model), then counters reset."""
+        started = time.perf_counter()
+        self.encode_documents(warm_up_documents(self.backend.image_size), drop_images=True)
+        b = self.backend
+        b.model_calls = b.images_encoded = b.texts_encoded = 0
+        return time.perf_counter() - started
+
+    def _start_draining(self) -> None:
+        self._draining = True
+        self.logger.info(f'draining: no new requests; {self._in_flight} in flight get up to {self.shutdown_grace:g}s')
 
     def close(self) -> None:
         self.pipeline.close()
@@ -178,7 +202,8 @@ class CLIPExecutorBase(Executor):
         Flow) every other endpoint is unbound, and other model names pass through untouched.
         """
         handlers = {endpoint: self.requests[endpoint] for endpoint in endpoints}
-        kept = self.requests if self.serve_default else {k: v for k, v in self.requests.items() if k == '/clipserve/info'}
+        kept = self.requests if self.serve_default else {k: v for k, v in self.requests.items()
+                                                         if k in ('/clipserve/info', '/clipserve/ready')}
         table = _ModelRoutes(kept, handlers, self._unknown_model_handler)
         own = {self.backend.model_name, self._configured_name}
         others = {_canonical(m) for m in self.served_models} - {self.backend.model_name, None}
@@ -226,7 +251,19 @@ class CLIPExecutorBase(Executor):
             'torch_imported': 'torch' in sys.modules, 'triton_imported': sys.modules.get('triton') is not None,
             'pid': os.getpid(),
             'batch_requests': bool(self.pipeline._coalescers), 'requests_in_flight': self._in_flight,
+            'load_seconds': round(self.load_seconds, 3), 'warmup_seconds': round(self.warmup_seconds, 3),
+            'draining': self._draining,
         }
+
+    @requests(on='/clipserve/ready')
+    def ready(self, **kwargs):
+        """What a readiness probe needs: this copy has loaded and warmed up (it answers), whether it is
+        draining, and which shard it is. One document per shard, so a head polling ALL shards merges
+        them (Jina keys returned parameters by executor name, which the shards share)."""
+        shard_id = int(getattr(self.runtime_args, 'shard_id', 0) or 0)
+        return DocumentArray([Document(id=f'clipserve-ready-shard-{shard_id}', tags={
+            'draining': self._draining, 'shard_id': shard_id,
+            'shards': int(getattr(self.runtime_args, 'shards', 1) or 1)})])
 
     # ---- encoding -------------------------------------------------------------------------
 
