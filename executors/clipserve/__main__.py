@@ -1,5 +1,6 @@
 """Command line: `python -m clipserve [flow.yml]` serves a Flow; `... models` lists models;
-`... export onnx NAME OUT_DIR` exports a model to ONNX.
+`... export onnx NAME OUT_DIR` exports a model to ONNX; `... ready [HOST:PORT]` exits 0 only when
+the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK).
 
 Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
 repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
@@ -71,12 +72,40 @@ def export(argv: list[str]) -> None:
     print(f'wrote {args.out_dir}: {metadata["model"]}, {metadata["embed_dim"]}-d, opset {metadata["opset"]}')
 
 
+def ready(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog='python -m clipserve ready',
+                                     description='Exit 0 when every executor copy of the Flow is ready, else 1.')
+    parser.add_argument('address', nargs='?', default='127.0.0.1:51000', help='the gRPC gateway (default %(default)s)')
+    parser.add_argument('--timeout', type=float, default=5.0, help='seconds (default %(default)s)')
+    parser.add_argument('--tls', action='store_true', help='the gateway serves TLS (flows/tls.yml)')
+    args = parser.parse_args(argv)
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from clipserve.readiness import READINESS_SERVICE
+
+    target = args.address.split('://', 1)[-1]
+    tls = args.tls or args.address.startswith('grpcs://')
+    channel = grpc.secure_channel(target, grpc.ssl_channel_credentials()) if tls else grpc.insecure_channel(target)
+    try:
+        with channel:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=READINESS_SERVICE), timeout=args.timeout)
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    except grpc.RpcError as error:
+        status = error.code().name
+    print(f'{args.address}: {"ready" if status == "SERVING" else "not ready"} ({status})')
+    raise SystemExit(0 if status == 'SERVING' else 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['models']:
         return list_models()
     if argv[:2] == ['export', 'onnx']:
         return export(argv[2:])
+    if argv[:1] == ['ready']:
+        return ready(argv[1:])
     parser = argparse.ArgumentParser(prog='python -m clipserve', description='Serve a clipserve Flow.')
     parser.add_argument('flow', nargs='?', help=f'Flow YAML path or a name in flows/ (default {DEFAULT_FLOW})')
     parser.add_argument('-i', action='store_true', help='read the Flow YAML from standard input')

@@ -1,6 +1,12 @@
-"""ClipServeGateway: Jina's gateway plus a shared token, checked on gRPC, HTTP and WebSocket.
+"""The gateways of clipserve's Flows: Jina's gateway plus a readiness signal, and optionally a token.
 
+    gateway: {uses: ReadyGateway, py_modules: [clipserve.gateway], protocol: [...], port: [...]}
     gateway: {uses: ClipServeGateway, py_modules: [clipserve.gateway], protocol: [...], port: [...]}
+
+ReadyGateway answers "is every copy of every executor up?" on each protocol (see `readiness.py`):
+gRPC health service `readiness`, HTTP/WebSocket port `GET /readyz` (200 or 503) and `GET /livez`.
+
+ClipServeGateway adds a shared token, checked on gRPC, HTTP and WebSocket.
 
 Every request must carry the token from `CLIPSERVE_AUTH_TOKEN` (the gateway's environment): gRPC as
 metadata `authorization`, HTTP/WebSocket as an `Authorization` header (what clip-client and
@@ -12,11 +18,13 @@ checks answer without the token, and they reveal nothing beyond "ready" or "not 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
 
 import grpc
+from grpc_health.v1 import health_pb2
 from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.composite import CompositeGateway
 from jina.serve.runtimes.servers.grpc import GRPCServer
@@ -24,6 +32,7 @@ from jina.serve.runtimes.servers.http import FastAPIBaseServer
 from jina.serve.runtimes.servers.websocket import WebSocketServer
 
 from clipserve.errors import InvalidParameterError
+from clipserve.readiness import LIVE_PATH, READINESS_SERVICE, READY_PATH, FlowReadiness, grpc_addresses
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 AUTH_ENV = 'CLIPSERVE_AUTH'  # overrides the gateway's `auth` argument: required | optional | off
@@ -33,7 +42,7 @@ OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)
 # Open, but the answer is cut down to its status code: `jina ping` (gRPC) and GET /dry_run (HTTP)
 # would otherwise return the exception of a failed dry run, which names internal addresses.
 REDACTED_GRPC_METHODS = ('/jina.JinaGatewayDryRunRPC/dry_run',)
-OPEN_HTTP_PATHS: tuple[str, ...] = ()  # GET only
+OPEN_HTTP_PATHS = (READY_PATH, LIVE_PATH)  # GET only: 200/503 and a one-word body
 REDACTED_HTTP_PATHS = ('/dry_run',)  # GET only
 
 
@@ -161,8 +170,80 @@ def _code_only(send):
     return filtered
 
 
-class ClipServeGateway(CompositeGateway):
-    """Jina's (composite) gateway, with the token check installed on each protocol's server.
+class ReadinessMiddleware:
+    """ASGI: answers GET /readyz (200 ready, 503 not) and GET /livez (200) before Jina's app sees them."""
+
+    def __init__(self, app, readiness: FlowReadiness):
+        self.app = app
+        self.readiness = readiness
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get('path')
+        if scope['type'] != 'http' or scope.get('method') not in ('GET', 'HEAD') or path not in (READY_PATH, LIVE_PATH):
+            return await self.app(scope, receive, send)
+        ok = path == LIVE_PATH or self.readiness.ready
+        word = ('live' if path == LIVE_PATH else 'ready') if ok else 'not ready'
+        body = json.dumps({'status': word}).encode()
+        await send({'type': 'http.response.start', 'status': 200 if ok else 503,
+                    'headers': [(b'content-type', b'application/json'), (b'content-length', str(len(body)).encode()),
+                                (b'cache-control', b'no-store')]})
+        await send({'type': 'http.response.body', 'body': body if scope.get('method') == 'GET' else b''})
+
+
+def expose_readiness(server, readiness: FlowReadiness) -> None:
+    """Show the Flow's readiness on one of Jina's servers: a gRPC health service or two HTTP paths."""
+    if isinstance(server, GRPCServer):
+        health = server.health_servicer
+
+        async def on_change(ready: bool):
+            status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+            await health.set(READINESS_SERVICE, status)
+
+        readiness.listeners.append(on_change)
+        original = server.setup_server
+
+        async def setup_server():
+            await original()
+            await on_change(readiness.ready)
+
+        server.setup_server = setup_server
+    elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
+        _wrap_app_after_setup(server, lambda app: ReadinessMiddleware(app, readiness))
+    else:
+        raise AuthConfigError(f'cannot serve readiness on a {type(server).__name__} server; '
+                              'use the grpc, http or websocket protocol')
+
+
+class ReadyGateway(CompositeGateway):
+    """Jina's (composite) gateway plus the Flow's readiness on each protocol, probed every `readiness_interval` s."""
+
+    def __init__(self, readiness_interval: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        deployments = grpc_addresses(getattr(self.runtime_args, 'deployments_addresses', None) or '{}')
+        self.readiness = FlowReadiness(deployments, interval=float(readiness_interval), log=self.logger)
+        self._readiness_task = None
+        for server in self.servers:
+            expose_readiness(server, self.readiness)
+
+    @property
+    def _should_exit(self) -> bool:
+        # Jina's composite server counts a server without `should_exit` (gRPC's) as exited, so a
+        # gRPC-only composite gateway would stop right after it starts; such a server runs until cancelled.
+        return all(getattr(server, 'should_exit', False) for server in self.servers)
+
+    async def setup_server(self):
+        await super().setup_server()
+        self._readiness_task = asyncio.create_task(self.readiness.run())
+
+    async def shutdown(self):
+        await self.readiness.close()
+        if self._readiness_task is not None:
+            self._readiness_task.cancel()
+        await super().shutdown()
+
+
+class ClipServeGateway(ReadyGateway):
+    """ReadyGateway with the token check installed on each protocol's server.
 
     `auth`: `required` (the default: no token, no start), `optional` (checked when the token is set)
     or `off`; `CLIPSERVE_AUTH` in the environment overrides it.
@@ -197,13 +278,13 @@ def protect(server, token: str) -> None:
         server.grpc_tracing_server_interceptors = [*(server.grpc_tracing_server_interceptors or []),
                                                    TokenInterceptor(token)]
     elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
-        _wrap_app_after_setup(server, token)
+        _wrap_app_after_setup(server, lambda app: TokenMiddleware(app, token))
     else:
         raise AuthConfigError(f'cannot install the token check on a {type(server).__name__} server; '
                               'use the grpc, http or websocket protocol')
 
 
-def _wrap_app_after_setup(server, token: str) -> None:
+def _wrap_app_after_setup(server, wrap) -> None:
     """FastAPI-based servers build their app during setup: wrap it right after, before it serves."""
     original = server.setup_server
 
@@ -211,8 +292,8 @@ def _wrap_app_after_setup(server, token: str) -> None:
         await original()
         config = server.server.config  # uvicorn's
         if getattr(config, 'loaded', False):
-            config.loaded_app = TokenMiddleware(config.loaded_app, token)
+            config.loaded_app = wrap(config.loaded_app)
         else:
-            config.app = TokenMiddleware(config.app, token)
+            config.app = wrap(config.app)
 
     server.setup_server = setup_server

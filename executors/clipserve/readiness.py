@@ -1,0 +1,135 @@
+"""Is the whole Flow ready? The gateway's answer: every replica and every shard of every executor answers.
+
+Jina's own checks (`jina ping`, the HTTP `GET /status`, a first successful request) say yes as soon as
+one copy of each executor answers: a sharded or replicated Flow looks ready while other copies still
+load. This module asks every copy. The gateway knows each replica's address; a sharded executor sits
+behind its head, which forwards `/clipserve/ready` to every shard when the Flow polls that endpoint
+with ALL (as `flows/shards.yml` does). A copy is ready when it answers: Jina's worker listens only
+after the executor's constructor, which loads the model and runs the warm-up, has returned. A copy that
+is draining (SIGTERM) refuses new calls or says it is draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from docarray import DocumentArray
+from jina.proto import jina_pb2, jina_pb2_grpc
+from jina.serve.networking.utils import get_grpc_channel
+from jina.types.request.data import DataRequest
+
+READY_ENDPOINT = '/clipserve/ready'
+READY_PATH = '/readyz'  # HTTP GET: 200 ready, 503 not ready
+LIVE_PATH = '/livez'  # HTTP GET: 200 while the gateway answers
+READINESS_SERVICE = 'readiness'  # gRPC health service name; '' (Jina's) stays liveness
+
+logger = logging.getLogger(__name__)
+
+
+def grpc_addresses(deployments_addresses) -> dict[str, list[str]]:
+    """The gateway's `deployments_addresses` (JSON; a list or a {protocol: list} per executor) as gRPC targets."""
+    table = json.loads(deployments_addresses) if isinstance(deployments_addresses, str) else deployments_addresses
+    found = {}
+    for name, addresses in (table or {}).items():
+        if isinstance(addresses, dict):
+            addresses = addresses.get('grpc', [])
+        found[name] = [str(a) for a in addresses]
+    return found
+
+
+@dataclass
+class Verdict:
+    ready: bool
+    reasons: list[str] = field(default_factory=list)  # for the gateway's log, never for the caller
+
+
+def judge_reports(deployment: str, address: str, reports: list[dict]) -> list[str]:
+    """What keeps one answering address from being ready, from the readiness reports it returned.
+
+    No report at all: an executor without this endpoint (not clipserve's), up since it answered.
+    """
+    problems = [f'{deployment} at {address}: shard {r.get("shard_id", 0)} is draining'
+                for r in reports if r.get('draining')]
+    if reports:
+        shards = max(int(r.get('shards', 1) or 1) for r in reports)
+        seen = {int(r.get('shard_id', 0) or 0) for r in reports}
+        missing = sorted(set(range(shards)) - seen)
+        if missing:
+            problems.append(f'{deployment} at {address}: no answer from shard(s) {missing} of {shards} (still '
+                            f'loading, or the Flow lacks `polling: {{{READY_ENDPOINT}: ALL}}` on this executor)')
+    return problems
+
+
+async def probe_address(address: str, timeout: float) -> list[dict]:
+    """Send `/clipserve/ready` to one executor or head; the readiness reports it answers with.
+
+    Raises on no answer or an error answer (a head whose shard is not up answers with an error).
+    """
+    request = DataRequest()
+    request.header.exec_endpoint = READY_ENDPOINT
+    request.data.docs = DocumentArray()
+    target, tls = address.split('://', 1)[-1], address.startswith('grpcs://')
+    async with get_grpc_channel(target, asyncio=True, tls=tls) as channel:
+        stub = jina_pb2_grpc.JinaSingleDataRequestRPCStub(channel)
+        # a head picks its polling (ANY / ALL shards) by the `endpoint` metadata, as the gateway sends it
+        answer = await stub.process_single_data(request, metadata=(('endpoint', READY_ENDPOINT),), timeout=timeout)
+    if answer.header.status.code == jina_pb2.StatusProto.ERROR:
+        raise RuntimeError(answer.header.status.exception.name or 'error')
+    return [dict(doc.tags) for doc in answer.docs if doc.id.startswith('clipserve-ready-shard-')]
+
+
+class FlowReadiness:
+    """Probes every executor address of the Flow, once per `interval`, and keeps the verdict."""
+
+    def __init__(self, deployments: dict[str, list[str]], interval: float = 1.0, timeout: float = 5.0,
+                 log: logging.Logger | None = None):
+        self.deployments = deployments
+        self.interval = interval
+        self.timeout = timeout
+        self.log = log or logger
+        self.verdict = Verdict(False, ['not probed yet'])
+        self.listeners = []  # async callables taking the new `ready` bool, called on every change
+        self.closing = False
+
+    @property
+    def ready(self) -> bool:
+        return self.verdict.ready and not self.closing
+
+    async def check(self) -> Verdict:
+        async def one(deployment, address):
+            try:
+                return judge_reports(deployment, address, await probe_address(address, self.timeout))
+            except Exception as error:  # no answer yet, refused (draining), an error from a head
+                detail = error.code().name if isinstance(error, grpc.aio.AioRpcError) else str(error)[:200]
+                return [f'{deployment} at {address}: {detail}']
+
+        checks = [one(d, a) for d, addresses in self.deployments.items() for a in addresses]
+        reasons = [r for problems in await asyncio.gather(*checks) for r in problems]
+        return Verdict(not reasons, reasons)
+
+    async def run(self) -> None:
+        while not self.closing:
+            verdict = await self.check()
+            if verdict.ready != self.verdict.ready or verdict.reasons != self.verdict.reasons:
+                if verdict.ready:
+                    self.log.info(f'Flow ready: every copy of {len(self.deployments)} executor(s) answers')
+                else:
+                    self.log.info('Flow not ready: ' + '; '.join(verdict.reasons))
+            changed = verdict.ready != self.verdict.ready
+            self.verdict = verdict
+            if changed:
+                await self.notify()
+            await asyncio.sleep(self.interval)
+
+    async def notify(self) -> None:
+        for listener in self.listeners:
+            await listener(self.ready)
+
+    async def close(self) -> None:
+        """The gateway is stopping: not ready from now on."""
+        self.closing = True
+        await self.notify()
