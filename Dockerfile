@@ -84,11 +84,12 @@ VOLUME ["/cache"]
 EXPOSE 51000 51001 51002
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
-# Healthy once the Flow's gateway answers and every executor behind it is ready. Big models can take
-# minutes to download and load, hence the long start period. This probes the default gateway port:
-# when the container runs something else (e.g. `jina executor`), override it with --health-cmd.
+# Healthy once every replica and shard of the Flow has loaded, warmed up and is not draining (the
+# gateway's gRPC health service "readiness"; `jina ping` says yes when one copy answers). Big models
+# can take minutes to download and load, hence the long start period. This probes the default gateway
+# port: when the container runs something else (e.g. `jina executor`), override it with --health-cmd.
 HEALTHCHECK --interval=30s --timeout=20s --start-period=600s --retries=3 \
-    CMD ["jina", "ping", "flow", "grpc://127.0.0.1:51000", "--timeout", "10000"]
+    CMD ["python", "-m", "clipserve", "ready", "127.0.0.1:51000", "--timeout", "10"]
 # A Jina Flow shuts its executors down cleanly on SIGINT (what the test suite stops Flows with).
 STOPSIGNAL SIGINT
 ENTRYPOINT ["python", "-m", "clipserve"]

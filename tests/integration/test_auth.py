@@ -74,6 +74,13 @@ def test_health_checks_stay_open_and_say_only_ready_or_not(auth_flow):
         assert check.status == health_pb2.HealthCheckResponse.SERVING
         status = jina_pb2_grpc.JinaGatewayDryRunRPCStub(channel).dry_run(Empty(), timeout=30)
         assert status == jina_pb2.StatusProto(code=status.code)  # nothing but the code
+        readiness = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service='readiness'),
+                                                              timeout=30)
+        assert readiness.status == health_pb2.HealthCheckResponse.SERVING
+    for port in (auth_flow['http'], auth_flow['websocket']):
+        for path, word in (('/readyz', 'ready'), ('/livez', 'live')):
+            reply = requests.get(f'http://127.0.0.1:{port}{path}', timeout=30)
+            assert reply.status_code == 200 and reply.json() == {'status': word}
 
 
 @pytest.mark.parametrize('path', ['/', '/status', '/docs', '/openapi.json', '/redoc', '/post', '/encode'])

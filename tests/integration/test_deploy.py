@@ -193,6 +193,9 @@ def containerized(flow_name, image=IMAGE, env=None, **executor_extra):
     container environment (`env`).
     """
     config = yaml.safe_load((ROOT / 'flows' / flow_name).read_text())
+    # Jina exports only its own gateway: readiness there is the pods' probes (see the README)
+    for key in ('uses', 'py_modules'):
+        config.get('gateway', {}).pop(key, None)
     for executor in config['executors']:
         executor.pop('host', None)  # in a container the executor must listen on the pod's network
         uses = executor['uses']
@@ -403,6 +406,30 @@ def test_cache_volume_patch_gives_valid_manifests(tmp_path):
     [deployment] = [d for d in patched if d['kind'] == 'Deployment']
     assert deployment['metadata']['namespace'] == 'clipserve'
     assert deployment['spec']['template']['spec']['containers'][0]['volumeMounts'][0]['mountPath'] == '/cache'
+
+
+def test_readme_readiness_probe_patch_gives_valid_manifests(tmp_path):
+    """The README's readinessProbe for executor pods: Jina's gRPC health service on the pod's port,
+    SERVING once the model is loaded and warmed up, NOT_SERVING from the first moment of a drain."""
+    ops = _readme_yaml('# readiness-probe.yml')
+    flow_file = tmp_path / 'shards.yml'
+    flow_file.write_text(yaml.safe_dump(containerized('shards.yml'), sort_keys=False))
+    _export('kubernetes', flow_file, tmp_path / 'k8s')
+    patched = []
+    for path in sorted((tmp_path / 'k8s').rglob('*.yml')):
+        for doc in yaml.safe_load_all(path.read_text()):
+            labels = (doc or {}).get('spec', {}).get('template', {}).get('metadata', {}).get('labels', {})
+            if doc and doc['kind'] == 'Deployment' and labels.get('pod_type') == 'WORKER':
+                doc = _json_patch_add(doc, ops)
+                [container] = doc['spec']['template']['spec']['containers']
+                assert container['readinessProbe']['grpc']['port'] in [p['containerPort'] for p in container['ports']]
+                assert 'livenessProbe' in container and 'startupProbe' in container  # Jina's, kept
+            if doc:
+                patched.append(doc)
+    assert sum(1 for d in patched if 'readinessProbe' in str(d)) == 2  # both shards
+    out = tmp_path / 'patched.yml'
+    out.write_text(yaml.safe_dump_all(patched, sort_keys=False))
+    _k8s_validate([out])
 
 
 # ---- the Dockerfile's recipe, run without Docker --------------------------------------------------
