@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -83,47 +84,70 @@ async def probe_address(address: str, timeout: float) -> list[dict]:
 
 
 class FlowReadiness:
-    """Probes every executor address of the Flow, once per `interval`, and keeps the verdict."""
+    """Probes every executor address of the Flow, once per `interval`, and keeps the verdict.
+
+    A copy that was ready and is now only slow to answer (a probe timing out behind a burst of
+    work) stays ready for up to `busy_allowance` seconds; a refused connection, an error or a
+    draining report count at once.
+    """
 
     def __init__(self, deployments: dict[str, list[str]], interval: float = 1.0, timeout: float = 5.0,
-                 log: logging.Logger | None = None):
+                 busy_allowance: float = 30.0, log: logging.Logger | None = None, probe=None):
         self.deployments = deployments
         self.interval = interval
         self.timeout = timeout
+        self.busy_allowance = busy_allowance
         self.log = log or logger
+        self.probe = probe or probe_address
         self.verdict = Verdict(False, ['not probed yet'])
         self.listeners = []  # async callables taking the new `ready` bool, called on every change
         self.closing = False
+        self._last_ready: dict[str, float] = {}  # address -> when it last answered ready
 
     @property
     def ready(self) -> bool:
         return self.verdict.ready and not self.closing
 
-    async def check(self) -> Verdict:
-        async def one(deployment, address):
-            try:
-                return judge_reports(deployment, address, await probe_address(address, self.timeout))
-            except Exception as error:  # no answer yet, refused (draining), an error from a head
-                detail = error.code().name if isinstance(error, grpc.aio.AioRpcError) else str(error)[:200]
-                return [f'{deployment} at {address}: {detail}']
+    async def _check_one(self, deployment: str, address: str) -> list[str]:
+        try:
+            problems = judge_reports(deployment, address, await self.probe(address, self.timeout))
+        except Exception as error:  # no answer yet, refused (draining), an error from a head
+            code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+            last = self._last_ready.get(address)
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and last is not None \
+                    and time.monotonic() - last < self.busy_allowance:
+                return []  # was ready, now busy: not a reason to take it out of rotation yet
+            self._last_ready.pop(address, None)
+            return [f'{deployment} at {address}: {code.name if code else str(error)[:200]}']
+        if problems:
+            self._last_ready.pop(address, None)
+        else:
+            self._last_ready[address] = time.monotonic()
+        return problems
 
-        checks = [one(d, a) for d, addresses in self.deployments.items() for a in addresses]
+    async def check(self) -> Verdict:
+        checks = [self._check_one(d, a) for d, addresses in self.deployments.items() for a in addresses]
         reasons = [r for problems in await asyncio.gather(*checks) for r in problems]
         return Verdict(not reasons, reasons)
 
     async def run(self) -> None:
         while not self.closing:
-            verdict = await self.check()
-            if verdict.ready != self.verdict.ready or verdict.reasons != self.verdict.reasons:
-                if verdict.ready:
-                    self.log.info(f'Flow ready: every copy of {len(self.deployments)} executor(s) answers')
-                else:
-                    self.log.info('Flow not ready: ' + '; '.join(verdict.reasons))
-            changed = verdict.ready != self.verdict.ready
-            self.verdict = verdict
-            if changed:
-                await self.notify()
+            try:
+                await self.update(await self.check())
+            except Exception as error:  # keep probing; the verdict stays what it was
+                self.log.warning(f'readiness probe failed: {error!r}')
             await asyncio.sleep(self.interval)
+
+    async def update(self, verdict: Verdict) -> None:
+        if verdict.ready != self.verdict.ready or verdict.reasons != self.verdict.reasons:
+            if verdict.ready:
+                self.log.info(f'Flow ready: every copy of {len(self.deployments)} executor(s) answers')
+            else:
+                self.log.info('Flow not ready: ' + '; '.join(verdict.reasons))
+        changed = verdict.ready != self.verdict.ready
+        self.verdict = verdict
+        if changed:
+            await self.notify()
 
     async def notify(self) -> None:
         for listener in self.listeners:
