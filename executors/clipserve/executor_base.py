@@ -228,9 +228,13 @@ class CLIPExecutorBase(Executor):
         return _FunctionWithSchema.get_function_with_schema(unknown_model)
 
     async def __acall__(self, req_endpoint: str, **kwargs):
-        """Track requests in flight (for dynamic batching) and count failures by cause (for metrics)."""
+        """Track requests in flight (for dynamic batching) and count failures by cause (for metrics).
+
+        The gateway's readiness probes are not counted: they would make encoders wait for company.
+        """
+        counted = 0 if req_endpoint == '/clipserve/ready' else 1
         with self._in_flight_lock:
-            self._in_flight += 1
+            self._in_flight += counted
         try:
             return await super().__acall__(req_endpoint, **kwargs)
         except Exception as error:
@@ -238,7 +242,7 @@ class CLIPExecutorBase(Executor):
             raise
         finally:
             with self._in_flight_lock:
-                self._in_flight -= 1
+                self._in_flight -= counted
 
     @requests(on='/clipserve/info')
     def info(self, **kwargs):
