@@ -13,7 +13,6 @@ import argparse
 import tempfile
 
 import numpy as np
-
 from common import items_per_second, machine, markdown_table, save, save_plot
 
 CAPTIONS = ['a photo of a small brown dog running on the beach at sunset',

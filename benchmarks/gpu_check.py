@@ -35,7 +35,6 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-
 from common import items_per_second, machine, markdown_table
 
 IMAGE_FLOPS = {'ViT-B-32': 8.82e9}  # open_clip docs/model_profile.csv, per item

@@ -12,12 +12,17 @@ import atheris
 import jina  # noqa: F401  (imported first, uninstrumented: the package imports it, and it is not under test)
 import numpy as np
 import PIL.Image  # noqa: F401  (Pillow's C decoders are what we feed; its Python side is not the target)
-
 from docarray import Document, DocumentArray
 
 with atheris.instrument_imports(include=['clipserve']):
     from clipserve.documents import image_loader, split_texts_images
-    from clipserve.models.preprocess import ImageError, PreprocessConfig, image_from_array, preprocess_bytes, preprocess_image
+    from clipserve.models.preprocess import (
+        ImageError,
+        PreprocessConfig,
+        image_from_array,
+        preprocess_bytes,
+        preprocess_image,
+    )
     from clipserve.uris import UriError, UriPolicy
 
 POLICY = UriPolicy()  # data: URIs only, as a server runs by default

@@ -40,8 +40,8 @@ def serve(flow_arg: str | None, from_stdin: bool) -> None:
 def list_models() -> None:
     import open_clip
 
-    from clipserve.models.names import LEGACY_ALIASES
     from clipserve.models import registry  # registers the bundled configs
+    from clipserve.models.names import LEGACY_ALIASES
 
     for arch in registry.known_architectures():
         tags = open_clip.list_pretrained_tags_by_model(arch)

@@ -4,11 +4,10 @@ Slow (a pip install of jina and its dependencies, ~1-2 minutes with a warm pip c
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
-
-import shutil
 
 import pytest
 

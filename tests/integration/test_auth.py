@@ -8,10 +8,10 @@ from pathlib import Path
 import grpc
 import pytest
 import requests
+from clip_client import Client as ClipClient
 from google.protobuf.empty_pb2 import Empty
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jina.proto import jina_pb2, jina_pb2_grpc
-from clip_client import Client as ClipClient
 
 from clipserve_client import Client
 

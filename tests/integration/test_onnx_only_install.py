@@ -17,6 +17,7 @@ from jina import Client as JinaClient
 
 from .conftest import ROOT, TINY, free_port, set_port
 
+
 @pytest.mark.slow
 def test_onnx_extra_alone_serves_an_exported_model(tmp_path, tiny_backend):
     from clipserve.backends.onnx_export import export_onnx

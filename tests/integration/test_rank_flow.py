@@ -15,6 +15,7 @@ from jina.excepts import BadServer
 
 from .conftest import TINY, data_uri, flow_from_yaml, free_port, make_image, set_port
 
+
 @pytest.fixture(scope='module', params=['torch.yml', 'rank.yml'])
 def rank_server(request, tmp_path_factory):
     port = free_port()

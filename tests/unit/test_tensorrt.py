@@ -20,10 +20,28 @@ import pytest
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends import tensorrt_backend as trb
 from clipserve.backends.tensorrt_backend import (
-    INSTALL_COMMAND, EngineBuildError, EngineKey, ShapeProfile, build_failure_message, cuda_device,
-    describe_parser_error, engine_path, image_profiles, load_or_build, locate_export, no_cuda_message,
-    not_installed_message, onnx_sha256, parse_cuda_device, pick_precision, profile_signature, sidecar_path,
-    stale_reason, text_profiles, timing_cache_path, write_engine,
+    INSTALL_COMMAND,
+    EngineBuildError,
+    EngineKey,
+    ShapeProfile,
+    build_failure_message,
+    cuda_device,
+    describe_parser_error,
+    engine_path,
+    image_profiles,
+    load_or_build,
+    locate_export,
+    no_cuda_message,
+    not_installed_message,
+    onnx_sha256,
+    parse_cuda_device,
+    pick_precision,
+    profile_signature,
+    sidecar_path,
+    stale_reason,
+    text_profiles,
+    timing_cache_path,
+    write_engine,
 )
 from clipserve.errors import BackendUnavailableError, InvalidParameterError, WeightsUnavailableError
 from clipserve.models.tokenizer import Tokenizer
@@ -530,7 +548,9 @@ class FakeTRT(types.ModuleType):
 
             def set_flag(self, flag): self.flags.add(flag)
             def clear_flag(self, flag): self.flags.discard(flag)
-            def add_optimization_profile(self, profile): self.profiles.append(profile); return 0
+            def add_optimization_profile(self, profile):
+                self.profiles.append(profile)
+                return 0
             def create_timing_cache(self, data): return TimingCache(data)
 
             def set_timing_cache(self, cache, ignore_mismatch):

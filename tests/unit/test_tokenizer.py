@@ -293,7 +293,8 @@ def test_local_fixers_change_only_the_characters_said():
 def test_mojibake_anchors_cover_every_pattern():
     """`_looks_bad` only tries starts within _BADNESS_WIDTH before an anchor: each alternative must need one."""
     try:
-        from re import _constants as constants, _parser as parser
+        from re import _constants as constants
+        from re import _parser as parser
     except ImportError:  # Python 3.10
         import sre_constants as constants
         import sre_parse as parser

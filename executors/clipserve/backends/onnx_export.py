@@ -18,12 +18,12 @@ import logging
 import os
 import tempfile
 import warnings
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from clipserve import __version__
 from clipserve.backends.onnx_backend import DEFAULT_OPSET, EXPORT_FORMAT, METADATA_FILE
 from clipserve.models.loading import build_model
 from clipserve.models.names import parse_model_name
@@ -38,6 +38,14 @@ logger = logging.getLogger(__name__)
 
 class ExportError(RuntimeError):
     """The export failed, or its output differs from PyTorch beyond the tolerance."""
+
+
+def _clipserve_version() -> str:
+    """From the installed package's metadata: importing `clipserve` itself would load the executors."""
+    try:
+        return metadata.version('clipserve')
+    except metadata.PackageNotFoundError:
+        return 'unknown'
 
 
 def weights_hash(model: torch.nn.Module) -> str:
@@ -116,7 +124,7 @@ def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSE
         'context_length': context,
         'dynamic_sequence': text.trimmed,
         'opset': opset,
-        'exporter': f'clipserve {__version__} (format {EXPORT_FORMAT}), torch {torch.__version__}',
+        'exporter': f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         'weights_sha256': weights_hash(model),
     }
     if verify:
