@@ -22,7 +22,7 @@ from clipserve.backends import BACKENDS, BackendOptions, create_backend
 from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
 from clipserve.lean_imports import keep_triton_out
-from clipserve.lifecycle import DEFAULT_GRACE_SECONDS, GRACE_ENV, install_drain_when_served, warm_up_documents
+from clipserve.lifecycle import install_drain_when_served, shutdown_seconds, warm_up_documents
 from clipserve.metrics import Metrics
 from clipserve.models.names import DEFAULT_MODEL, parse_model_name
 from clipserve.models.preprocess import PreprocessConfig
@@ -166,12 +166,9 @@ class CLIPExecutorBase(Executor):
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
         self._draining = False
-        grace = float(env_or_default(shutdown_grace, None) or os.environ.get(GRACE_ENV) or DEFAULT_GRACE_SECONDS)
-        if grace < 0:
-            raise InvalidParameterError(f'shutdown_grace must be >= 0 seconds, got {grace}')
-        self.shutdown_grace = grace
+        self.shutdown_grace = shutdown_seconds(env_or_default(shutdown_grace, None))
         if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
-            install_drain_when_served(self, grace, self._start_draining, self.logger)
+            install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
         self.logger.info(f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
                          f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}')
 

@@ -12,6 +12,7 @@ drain is not installed and leaves Jina's shutdown as it is.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 
@@ -19,8 +20,23 @@ import numpy as np
 from docarray import Document, DocumentArray
 from jina.serve.runtimes.servers import BaseServer
 
+from clipserve.errors import InvalidParameterError
+
 GRACE_ENV = 'CLIPSERVE_SHUTDOWN_GRACE'
 DEFAULT_GRACE_SECONDS = 30.0
+
+
+def shutdown_seconds(configured, environ=None) -> float:
+    """The grace period: the executor argument, else $CLIPSERVE_SHUTDOWN_GRACE, else 30 s; 0 means none."""
+    environ = os.environ if environ is None else environ
+    value = configured if configured not in (None, '') else environ.get(GRACE_ENV) or DEFAULT_GRACE_SECONDS
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(f'shutdown_grace must be a number of seconds, got {value!r}') from None
+    if not seconds >= 0:  # also refuses NaN
+        raise InvalidParameterError(f'shutdown_grace must be >= 0 seconds, got {value!r}')
+    return seconds
 
 
 def warm_up_documents(image_size: int) -> DocumentArray:
@@ -44,23 +60,25 @@ def _holder_dicts(obj, attribute: str):
 
 
 def find_worker_server(executor):
-    """The Jina gRPC server whose request handler runs `executor`, or None."""
+    """The server whose request handler runs `executor`: the server, None (not built yet) or False (the
+    handler's server is not a gRPC one, e.g. an executor served over HTTP)."""
     for handler in _holder_dicts(executor, '_executor'):
         for server in _holder_dicts(handler, '_request_handler'):
             if hasattr(server, 'health_servicer') and hasattr(server, 'server'):
                 return server
+            return False
     return None
 
 
-def install_drain(executor, grace: float, on_drain) -> bool:
+def install_drain(executor, grace: float, on_drain) -> bool | None:
     """Make the worker's shutdown drain: stop taking requests, finish those in flight, then close.
 
-    `on_drain()` runs first (the executor marks itself draining). Returns False when the server
-    cannot be found (the shutdown stays Jina's).
+    `on_drain()` runs first (the executor marks itself draining). Returns True when installed, None
+    when the server is not built yet, False when it cannot be (the shutdown stays Jina's).
     """
     server = find_worker_server(executor)
-    if server is None:
-        return False
+    if not server:
+        return server
     handler = server._request_handler
     done = []
 
@@ -79,17 +97,20 @@ def install_drain(executor, grace: float, on_drain) -> bool:
     return True
 
 
-def install_drain_when_served(executor, grace: float, on_drain, log, wait_seconds: float = 120.0) -> None:
+def install_drain_when_served(executor, grace: float, on_drain, log, wait_seconds: float = 60.0) -> None:
     """Jina builds the server right after the executor's constructor returns: install the drain then."""
 
     def install():
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline:
-            if install_drain(executor, grace, on_drain):
+            installed = install_drain(executor, grace, on_drain)
+            if installed:
                 log.info(f'graceful shutdown on: requests in flight get up to {grace:g}s on SIGTERM/SIGINT')
                 return
-            time.sleep(0.2)
-        log.warning('graceful shutdown not installed (this Jina version holds its server differently): '
-                    'requests in flight at SIGTERM are cut')
+            if installed is False:
+                break
+            time.sleep(0.5)
+        log.warning('graceful shutdown not installed (not a gRPC executor, or this Jina version holds its '
+                    'server differently): requests in flight at SIGTERM are cut')
 
     threading.Thread(target=install, name='clipserve-drain-setup', daemon=True).start()

@@ -1,11 +1,13 @@
-"""The gateway's readiness verdict from the copies' answers (the probes themselves run in
-tests/integration/test_readiness.py against real Flows)."""
+"""The gateway's readiness verdict from the copies' answers, and the drain's grace period (the probes and
+the drain themselves run in tests/integration/test_readiness.py against real Flows)."""
 
 import asyncio
 
 import grpc
 import pytest
 
+from clipserve.errors import InvalidParameterError
+from clipserve.lifecycle import shutdown_seconds
 from clipserve.readiness import FlowReadiness, grpc_addresses, judge_reports
 
 
@@ -56,3 +58,17 @@ def test_a_ready_copy_that_is_only_slow_stays_ready_for_the_allowance_but_a_refu
     readiness.busy_allowance = 0.0
     assert verdict(up)
     assert not verdict(Timeout())  # past the allowance
+
+
+@pytest.mark.parametrize('configured, environ, seconds', [
+    (None, {}, 30.0), (None, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 5.0), (0, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 0.0),
+    ('2.5', {}, 2.5),
+])
+def test_shutdown_grace_from_argument_then_environment(configured, environ, seconds):
+    assert shutdown_seconds(configured, environ) == seconds
+
+
+@pytest.mark.parametrize('bad', [-1, 'soon', float('nan')])
+def test_a_bad_shutdown_grace_is_a_clear_error(bad):
+    with pytest.raises(InvalidParameterError, match='shutdown_grace'):
+        shutdown_seconds(bad, {})
