@@ -159,7 +159,7 @@ def torch_section(check: Check, args, peak: float, reference) -> None:
 
 def export_for(check: Check, model: str) -> Path | None:
     """clipserve's ONNX export of `model`, from the cache or made now (on the CPU, needs torch)."""
-    from clipserve.backends.onnx_backend import export_cache_dir
+    from clipserve.backends.export_format import export_cache_dir
     from clipserve.backends.onnx_export import export_to_cache
 
     target = export_cache_dir(model)

@@ -67,9 +67,9 @@ def export(argv: list[str]) -> None:
         export_to_cache(args.name, Path(args.out_dir), opset=args.opset)
         return
     metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=not args.inline)
-    for tower, diff in metadata['max_abs_diff'].items():
+    for tower, diff in metadata.max_abs_diff.items():
         print(f'{tower}.onnx: max |onnxruntime - torch| = {diff:.2e}')
-    print(f'wrote {args.out_dir}: {metadata["model"]}, {metadata["embed_dim"]}-d, opset {metadata["opset"]}')
+    print(f'wrote {args.out_dir}: {metadata.model}, {metadata.embed_dim}-d, opset {metadata.opset}')
 
 
 def ready(argv: list[str]) -> None:

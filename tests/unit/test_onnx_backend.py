@@ -9,7 +9,8 @@ import onnxruntime as ort
 import pytest
 
 from clipserve.backends import BackendOptions, create_backend
-from clipserve.backends.onnx_backend import OnnxBackend, export_cache_dir
+from clipserve.backends.export_format import export_cache_dir
+from clipserve.backends.onnx_backend import OnnxBackend
 from clipserve.backends.onnx_export import ExportError, export_onnx, verify_export
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.tokenizer import Tokenizer
@@ -41,7 +42,7 @@ def test_export_layout_and_metadata(tiny_export):
     for key in ('model', 'embed_dim', 'image_size', 'mean', 'std', 'tokenizer', 'opset', 'exporter', 'weights_sha256'):
         assert key in saved
     assert saved['model'] == TINY and saved['embed_dim'] == 64 and saved['dynamic_sequence'] is True
-    assert max(metadata['max_abs_diff'].values()) < 1e-4
+    assert max(metadata.max_abs_diff.values()) < 1e-4
     visual = ort.InferenceSession(str(out / 'visual.onnx'))
     textual = ort.InferenceSession(str(out / 'textual.onnx'))
     assert [i.name for i in visual.get_inputs()] == ['pixel_values']
@@ -77,7 +78,7 @@ def test_inline_export(tmp_path, tiny_backend):
     assert {p.name for p in tmp_path.iterdir()} == {'visual.onnx', 'textual.onnx', 'clipserve.json'}
     backend = OnnxBackend(TINY, CPU, model_path=str(tmp_path))
     np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
-    assert max(metadata['max_abs_diff'].values()) < 1e-4
+    assert max(metadata.max_abs_diff.values()) < 1e-4
 
 
 def test_verification_rejects_a_wrong_graph(tiny_export, tmp_path):

@@ -444,12 +444,12 @@ def test_model_path_must_be_a_clipserve_export(tmp_path):
 
 
 def test_model_name_uses_the_onnx_export_cache(cache, monkeypatch):
-    from clipserve.backends import onnx_backend
+    from clipserve.backends import export_format
 
-    target = onnx_backend.export_cache_dir(TINY)
+    target = export_format.export_cache_dir(TINY)
     target.mkdir(parents=True)
     (target / 'clipserve.json').write_text('{}')
-    monkeypatch.setattr(onnx_backend, 'export_in_subprocess', lambda *a: pytest.fail('exported again'))
+    monkeypatch.setattr(export_format, 'export_in_subprocess', lambda *a: pytest.fail('exported again'))
     assert locate_export(TINY, None) == target
 
 

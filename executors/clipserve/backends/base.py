@@ -94,5 +94,11 @@ class Backend(ABC):
     @abstractmethod
     def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
 
+    def close(self) -> None:
+        """Free what the runtime holds (device buffers, streams) now; the backend is not called after.
+
+        The executor calls it once the pipeline has stopped, so no forward pass is running.
+        """
+
     def describe(self) -> str:
         return f'{self.model_name} on {self.name} ({self.device}, {self.dtype}, dim {self.embed_dim})'

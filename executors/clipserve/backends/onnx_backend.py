@@ -9,13 +9,7 @@ Given a model name instead, it exports the model once, in a separate process (wh
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,49 +17,22 @@ import onnxruntime as ort
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import parse_device
+from clipserve.backends.export_format import (
+    GRAPH_FILES,
+    ExportMetadata,
+    cached_export,
+    clip_as_service_metadata,
+    has_metadata,
+    missing_files,
+    read_metadata,
+)
 from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
-from clipserve.models.cache import cache_dir
-from clipserve.models.names import parse_model_name
-from clipserve.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
 
-METADATA_FILE = 'clipserve.json'  # same name as the exporter's
-EXPORT_FORMAT = 2  # bump when the exporter's output changes, so cached exports are redone (2: external data)
-DEFAULT_OPSET = 18  # the torch.export-based exporter needs 18 or newer
-# clip-as-service's image sizes for models whose graphs have no static input size
-_CAS_IMAGE_SIZES = {'RN50x4': 288, 'RN50x16': 384, 'RN50x64': 448, 'ViT-B-16-plus-240': 240, 'ViT-L-14-336': 336}
 _NP_TYPES = {'tensor(int32)': np.int32, 'tensor(int64)': np.int64, 'tensor(float)': np.float32,
              'tensor(float16)': np.float16}
 
 logger = logging.getLogger(__name__)
-
-
-def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
-    """Where the export of `name` is cached: keyed by model, export settings and, for files, their identity."""
-    parsed = parse_model_name(name)
-    key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
-    for path in (parsed.checkpoint_path, parsed.config_path):
-        if path and os.path.isfile(path):
-            stat = os.stat(path)
-            key += f'|{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'
-    readable = re.sub(r'[^A-Za-z0-9._-]+', '-', str(parsed))[-60:].strip('-')
-    return cache_dir() / 'onnx' / f'{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}'
-
-
-def export_in_subprocess(name: str, target: Path) -> None:
-    """Run the exporter in another interpreter, so that this serving process never imports torch."""
-    logger.info('exporting %s to ONNX into %s (first use; later starts load the cached files)', name, target)
-    result = subprocess.run(
-        [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', name, str(target)],
-        capture_output=True, text=True,
-    )
-    if result.returncode != 0:
-        if 'No module named' in result.stderr and ('torch' in result.stderr or 'open_clip' in result.stderr):
-            raise BackendUnavailableError(
-                f'exporting {name} to ONNX needs PyTorch: install the torch extra (pip install "clipserve[torch]"), '
-                'or export on another machine with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR'
-            )
-        raise WeightsUnavailableError(f'exporting {name} to ONNX failed:\n{result.stderr[-4000:]}')
 
 
 def _static(dim) -> int | None:
@@ -105,18 +72,16 @@ class OnnxBackend(Backend):
             session_options.intra_op_num_threads = options.num_threads
         self.visual = self._session(folder / 'visual.onnx', session_options)
         self.textual = self._session(folder / 'textual.onnx', session_options)
-        metadata = self._read_metadata(folder, model, self.visual)
-        self.model_name = metadata['model']
+        metadata = self._metadata(folder, model)
+        self.model_name = metadata.model
+        text_shape = self.textual.get_inputs()[0].shape
         self._text_inputs = {i.name: _NP_TYPES.get(i.type, np.int64) for i in self.textual.get_inputs()}
-        self._text_length = _static(self.textual.get_inputs()[0].shape[1]) if len(self.textual.get_inputs()[0].shape) > 1 else None
+        self._text_length = _static(text_shape[1]) if len(text_shape) > 1 else None
         self._pixel_type = _NP_TYPES.get(self.visual.get_inputs()[0].type, np.float32)
         self.trims_padding = self._text_length is None
-        self.context_length = metadata.get('context_length', 77)
-        self.embed_dim = metadata.get('embed_dim') or self._probe_dim(metadata['image_size'])
-        self.preprocess = PreprocessConfig(
-            image_size=metadata['image_size'], mean=tuple(metadata['mean']), std=tuple(metadata['std']),
-            interpolation=metadata.get('interpolation', 'bicubic'), resize_mode=metadata.get('resize_mode', 'shortest'),
-        )
+        self.context_length = metadata.context_length
+        self.embed_dim = metadata.embed_dim or self._probe_dim(metadata.image_size)
+        self.preprocess = metadata.preprocess_config()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -137,32 +102,21 @@ class OnnxBackend(Backend):
     def _locate(self, model: str | None, model_path: str | None) -> Path:
         if model_path:
             folder = Path(model_path).expanduser()
-            missing = [f for f in ('visual.onnx', 'textual.onnx') if not (folder / f).is_file()]
+            missing = missing_files(folder)
             if not folder.is_dir() or missing:
                 raise WeightsUnavailableError(
-                    f'model_path {str(folder)!r} must be a directory holding visual.onnx and textual.onnx '
+                    f'model_path {str(folder)!r} must be a directory holding {" and ".join(GRAPH_FILES)} '
                     f'(missing: {", ".join(missing) if folder.is_dir() else "the directory itself"}); '
                     'write one with `python -m clipserve export onnx NAME DIR`'
                 )
             return folder
-        target = export_cache_dir(model)
-        if not (target / METADATA_FILE).is_file():
-            export_in_subprocess(str(parse_model_name(model)), target)
-        return target
+        return cached_export(model)
 
-    @staticmethod
-    def _read_metadata(folder: Path, model: str | None, visual: ort.InferenceSession) -> dict:
-        path = folder / METADATA_FILE
-        if path.is_file():
-            return json.loads(path.read_text())
-        # clip-as-service's layout: OpenAI mean/std for every model, 77 tokens, size from the graph or its table
-        name = str(parse_model_name(model)) if model else folder.name
-        shape = visual.get_inputs()[0].shape
-        arch = parse_model_name(model).arch if model else ''
-        size = _static(shape[-1]) or _CAS_IMAGE_SIZES.get(arch, 224)
-        out_dim = _static(visual.get_outputs()[0].shape[-1])
-        return {'model': name, 'image_size': size, 'mean': OPENAI_MEAN, 'std': OPENAI_STD,
-                'context_length': 77, 'embed_dim': out_dim}
+    def _metadata(self, folder: Path, model: str | None) -> ExportMetadata:
+        if has_metadata(folder):
+            return read_metadata(folder)
+        return clip_as_service_metadata(model, folder, _static(self.visual.get_inputs()[0].shape[-1]),
+                                        _static(self.visual.get_outputs()[0].shape[-1]))
 
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':

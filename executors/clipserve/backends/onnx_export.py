@@ -13,7 +13,6 @@ lowers peak memory at load by about the size of the weights (ViT-B-32: 828 -> 54
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -24,7 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clipserve.backends.onnx_backend import DEFAULT_OPSET, EXPORT_FORMAT, METADATA_FILE
+from clipserve.backends.export_format import (
+    BPE_TOKENIZER,
+    DEFAULT_OPSET,
+    EXPORT_FORMAT,
+    ExportMetadata,
+    has_metadata,
+    write_metadata,
+)
 from clipserve.models.loading import build_model
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
@@ -83,7 +89,7 @@ def _export(module, args, path: Path, input_names, output_name, dynamic_axes, op
 
 
 def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True,
-                external_data: bool = True) -> dict:
+                external_data: bool = True) -> ExportMetadata:
     """Export `name` to `out_dir`; returns the metadata written to clipserve.json.
 
     `external_data`: keep weights in `<graph>.onnx.data` files (False: one self-contained file per
@@ -112,24 +118,15 @@ def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSE
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     cfg = resolved.preprocess
-    metadata = {
-        'model': str(resolved.name),
-        'embed_dim': resolved.embed_dim,
-        'image_size': cfg.image_size,
-        'mean': list(cfg.mean),
-        'std': list(cfg.std),
-        'interpolation': cfg.interpolation,
-        'resize_mode': cfg.resize_mode,
-        'tokenizer': 'openai-clip-bpe',
-        'context_length': context,
-        'dynamic_sequence': text.trimmed,
-        'opset': opset,
-        'exporter': f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
-        'weights_sha256': weights_hash(model),
-    }
-    if verify:
-        metadata['max_abs_diff'] = verify_export(out, image, text)
-    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    metadata = ExportMetadata(
+        model=str(resolved.name), embed_dim=resolved.embed_dim, image_size=cfg.image_size, mean=tuple(cfg.mean),
+        std=tuple(cfg.std), interpolation=cfg.interpolation, resize_mode=cfg.resize_mode, tokenizer=BPE_TOKENIZER,
+        context_length=context, dynamic_sequence=text.trimmed, opset=opset,
+        exporter=f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
+        weights_sha256=weights_hash(model),
+        max_abs_diff=verify_export(out, image, text) if verify else {},
+    )
+    write_metadata(out, metadata)
     return metadata
 
 
@@ -169,7 +166,7 @@ def export_to_cache(name: str, target: Path, opset: int = DEFAULT_OPSET) -> Path
         try:
             os.rename(tmp, target)
         except OSError:
-            if not (target / METADATA_FILE).is_file():  # another process won the race: fine
+            if not has_metadata(target):  # another process won the race: fine
                 raise
         else:
             os.makedirs(tmp)  # so TemporaryDirectory's cleanup finds something to remove

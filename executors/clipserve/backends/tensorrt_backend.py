@@ -27,15 +27,14 @@ import numpy as np
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import parse_device
+from clipserve.backends.export_format import GRAPH_FILES, METADATA_FILE, cached_export, missing_files, read_metadata
 from clipserve.errors import BackendUnavailableError, EngineBuildError, InvalidParameterError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
-from clipserve.models.preprocess import PreprocessConfig
 
 INSTALL_COMMAND = 'pip install "clipserve[tensorrt]"'
 MIN_TENSORRT_MAJOR = 10  # the named-tensor API and execute_async_v3
 MAX_TENSORRT_MAJOR = 10  # TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines are built with
 ENGINE_FORMAT = 1  # bump when what goes into an engine changes (builder flags, profiles), so caches rebuild
-METADATA_FILE = 'clipserve.json'  # written by clipserve's ONNX exporter (onnx_backend.METADATA_FILE)
 OPT_TEXT_LENGTH = 16  # TensorRT tunes kernels for the opt shape; real queries are 10-20 tokens
 PRECISIONS = ('fp16', 'fp32')
 TOWERS = ('visual', 'textual')
@@ -325,32 +324,14 @@ def locate_export(model: str | None, model_path: str | None) -> Path:
     """The directory of clipserve's ONNX export: `model_path`, else the export cache (exporting on first use)."""
     if model_path:
         folder = Path(model_path).expanduser()
-        missing = [f for f in ('visual.onnx', 'textual.onnx', METADATA_FILE) if not (folder / f).is_file()]
+        missing = missing_files(folder, (*GRAPH_FILES, METADATA_FILE))
         if missing:
             raise WeightsUnavailableError(
                 f'the tensorrt backend builds from a clipserve ONNX export; {str(folder)!r} lacks '
                 f'{", ".join(missing)}. Write one with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR.'
             )
         return folder
-    try:
-        from clipserve.backends.onnx_backend import export_cache_dir, export_in_subprocess
-        from clipserve.models.names import parse_model_name
-    except ImportError as e:
-        raise BackendUnavailableError(
-            f'building TensorRT engines for {model!r} exports it to ONNX first, which needs the onnx and torch extras '
-            f'({e}); or export elsewhere with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR'
-        ) from e
-    target = export_cache_dir(model)
-    if not (target / METADATA_FILE).is_file():
-        export_in_subprocess(str(parse_model_name(model)), target)
-    return target
-
-
-def read_metadata(folder: Path) -> dict:
-    try:
-        return json.loads((folder / METADATA_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise WeightsUnavailableError(f'cannot read {folder / METADATA_FILE} ({e}); re-export the model') from e
+    return cached_export(model)
 
 
 # ---- TensorRT and CUDA (imported only here) ---------------------------------------------------------
@@ -604,13 +585,10 @@ class TensorRTBackend(Backend):
         folder = locate_export(model, model_path)
         metadata = read_metadata(folder)
         self.folder = folder
-        self.model_name = metadata['model']
-        self.context_length = int(metadata.get('context_length', 77))
-        self.preprocess = PreprocessConfig(
-            image_size=metadata['image_size'], mean=tuple(metadata['mean']), std=tuple(metadata['std']),
-            interpolation=metadata.get('interpolation', 'bicubic'), resize_mode=metadata.get('resize_mode', 'shortest'),
-        )
-        dynamic = bool(metadata.get('dynamic_sequence', False))
+        self.model_name = metadata.model
+        self.context_length = int(metadata.context_length)
+        self.preprocess = metadata.preprocess_config()
+        dynamic = bool(metadata.dynamic_sequence)
         _cuda(cudart, cudart.cudaSetDevice(index), 'cudaSetDevice')
         self._trt_logger = _make_trt_logger(trt)
         self._runtime = trt.Runtime(self._trt_logger)  # must outlive the engines it deserialized
@@ -641,7 +619,7 @@ class TensorRTBackend(Backend):
         self._text_inputs = [name for name, _, _ in self.textual.inputs]
         ids_name = next((n for n in self._text_inputs if 'mask' not in n), self._text_inputs[0])
         self.trims_padding = dynamic and self.textual.input_shape(ids_name)[1] == -1
-        self.embed_dim = int(metadata.get('embed_dim') or self.visual.engine.get_tensor_shape(self.visual.outputs[0][0])[-1])
+        self.embed_dim = int(metadata.embed_dim or self.visual.engine.get_tensor_shape(self.visual.outputs[0][0])[-1])
 
     def close(self) -> None:
         """Free device buffers and streams now rather than at interpreter exit."""

@@ -1,0 +1,147 @@
+"""The export format: the folder clipserve's ONNX exporter writes and the ONNX-based backends serve.
+
+A folder holds `visual.onnx`, `textual.onnx` (their weights in `.onnx.data` files, or inline) and
+`clipserve.json`: what a torch-free server must know to serve the graphs, read and written here as
+one typed record. A clip-as-service folder has no `clipserve.json`; its record is inferred from the
+graphs and clip-as-service's conventions. Exports of model names are cached, keyed by the model and the
+export settings, and made in a separate interpreter so that a serving process never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
+from clipserve.models.cache import cache_dir
+from clipserve.models.names import parse_model_name
+from clipserve.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
+from clipserve.models.tokenizer import DEFAULT_CONTEXT_LENGTH
+
+METADATA_FILE = 'clipserve.json'
+VISUAL_FILE = 'visual.onnx'
+TEXTUAL_FILE = 'textual.onnx'
+GRAPH_FILES = (VISUAL_FILE, TEXTUAL_FILE)
+EXPORT_FORMAT = 2  # bump when the exporter's output changes, so cached exports are redone (2: external data)
+DEFAULT_OPSET = 18  # the torch.export-based exporter needs 18 or newer
+BPE_TOKENIZER = 'openai-clip-bpe'
+# clip-as-service's image sizes for models whose graphs have no static input size
+_CAS_IMAGE_SIZES = {'RN50x4': 288, 'RN50x16': 384, 'RN50x64': 448, 'ViT-B-16-plus-240': 240, 'ViT-L-14-336': 336}
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExportMetadata:
+    """What `clipserve.json` says. Unknown keys (from a newer exporter) are ignored when read."""
+
+    model: str
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    interpolation: str = 'bicubic'
+    resize_mode: str = 'shortest'
+    embed_dim: int | None = None  # None: the backend probes the graph
+    tokenizer: str = BPE_TOKENIZER
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    pad_id: int = 0
+    dynamic_sequence: bool = False  # the text graph takes any length up to context_length (padding trimmed)
+    opset: int | None = None
+    exporter: str | None = None
+    weights_sha256: str | None = None
+    max_abs_diff: dict = field(default_factory=dict)  # tower -> max |onnxruntime - torch| at export
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExportMetadata:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for key in ('mean', 'std'):
+            if key in values:
+                values[key] = tuple(float(x) for x in values[key])
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data['mean'], data['std'] = list(self.mean), list(self.std)
+        return data
+
+    def preprocess_config(self) -> PreprocessConfig:
+        return PreprocessConfig(image_size=int(self.image_size), mean=tuple(self.mean), std=tuple(self.std),
+                                interpolation=self.interpolation, resize_mode=self.resize_mode)
+
+
+def has_metadata(folder: Path) -> bool:
+    return (Path(folder) / METADATA_FILE).is_file()
+
+
+def read_metadata(folder: Path) -> ExportMetadata:
+    path = Path(folder) / METADATA_FILE
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f'a JSON object was expected, not {type(data).__name__}')
+        return ExportMetadata.from_dict(data)
+    except (OSError, ValueError, TypeError) as e:
+        raise WeightsUnavailableError(f'cannot read {path} ({e}); re-export the model') from e
+
+
+def write_metadata(folder: Path, metadata: ExportMetadata) -> None:
+    (Path(folder) / METADATA_FILE).write_text(json.dumps(metadata.to_dict(), indent=2))
+
+
+def clip_as_service_metadata(model: str | None, folder: Path, graph_image_size: int | None,
+                             graph_embed_dim: int | None) -> ExportMetadata:
+    """A clip-as-service folder: OpenAI mean/std for every model, 77 tokens, the size from the graph or its table."""
+    parsed = parse_model_name(model) if model else None
+    size = graph_image_size or _CAS_IMAGE_SIZES.get(parsed.arch if parsed else '', 224)
+    return ExportMetadata(model=str(parsed) if parsed else Path(folder).name, image_size=size, mean=OPENAI_MEAN,
+                          std=OPENAI_STD, embed_dim=graph_embed_dim)
+
+
+def missing_files(folder: Path, files=GRAPH_FILES) -> list[str]:
+    folder = Path(folder)
+    return [f for f in files if not (folder / f).is_file()]
+
+
+def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
+    """Where the export of `name` is cached: keyed by model, export settings and, for files, their identity."""
+    parsed = parse_model_name(name)
+    key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
+    for path in (parsed.checkpoint_path, parsed.config_path):
+        if path and os.path.isfile(path):
+            stat = os.stat(path)
+            key += f'|{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'
+    readable = re.sub(r'[^A-Za-z0-9._-]+', '-', str(parsed))[-60:].strip('-')
+    return cache_dir() / 'onnx' / f'{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}'
+
+
+def export_in_subprocess(name: str, target: Path) -> None:
+    """Run the exporter in another interpreter, so that this serving process never imports torch."""
+    logger.info('exporting %s to ONNX into %s (first use; later starts load the cached files)', name, target)
+    result = subprocess.run(
+        [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', name, str(target)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0:
+        if 'No module named' in result.stderr and ('torch' in result.stderr or 'open_clip' in result.stderr):
+            raise BackendUnavailableError(
+                f'exporting {name} to ONNX needs PyTorch: install the torch extra (pip install "clipserve[torch]"), '
+                'or export on another machine with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR'
+            )
+        raise WeightsUnavailableError(f'exporting {name} to ONNX failed:\n{result.stderr[-4000:]}')
+
+
+def cached_export(name: str) -> Path:
+    """The cached export of model `name`, exported on first use."""
+    target = export_cache_dir(name)
+    if not has_metadata(target):
+        export_in_subprocess(str(parse_model_name(name)), target)
+    return target
