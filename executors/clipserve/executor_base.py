@@ -186,6 +186,7 @@ class CLIPExecutorBase(Executor):
 
     def close(self) -> None:
         self.pipeline.close()
+        self.backend.close()
         super().close()
 
     def _bind_model_endpoints(self, *endpoints: str) -> None:

@@ -83,10 +83,11 @@ class EncodePipeline:
         return run
 
     def close(self) -> None:
+        """Stop: queued work is cancelled; a forward pass already running finishes (the backend is closed next)."""
         for coalescer in self._coalescers:
             coalescer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._model_thread.shutdown(wait=False, cancel_futures=True)
+        self._model_thread.shutdown(wait=True, cancel_futures=True)
 
     def encode_texts(self, texts: Sequence[str], times: StageTimes | None = None) -> np.ndarray:
         """float32 [N, D] embeddings for `texts`, in order.

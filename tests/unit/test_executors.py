@@ -71,3 +71,24 @@ def test_encoder_rank_matches_ranker_rank(ranker, encoder):
 def test_model_endpoint_aliases_are_bound(encoder, ranker):
     assert f'/rank/{TINY}' in encoder.requests
     assert f'/rank/{TINY}' in ranker.requests
+
+
+def test_warm_up_runs_before_serving_and_leaves_the_counters_at_zero():
+    executor = CLIPEncoder(name=TINY)
+    try:
+        assert executor.warmup_seconds > 0 and executor.backend.model_calls == 0
+        info = executor.info()
+        assert info['warmup_seconds'] > 0 and info['draining'] is False and info['texts_encoded'] == 0
+    finally:
+        executor.close()
+
+
+def test_closing_the_executor_stops_the_pipeline_then_closes_the_backend():
+    executor = CLIPEncoder(name=TINY)
+    order = []
+    pipeline_close, backend_close = executor.pipeline.close, executor.backend.close
+    executor.pipeline.close = lambda: (order.append('pipeline'), pipeline_close())
+    executor.backend.close = lambda: (order.append('backend'), backend_close())
+    executor.close()
+    assert order == ['pipeline', 'backend']
+    assert executor.pipeline._model_thread._shutdown  # no forward pass can start after
