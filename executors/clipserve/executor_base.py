@@ -15,66 +15,20 @@ import numpy as np
 from docarray import Document, DocumentArray
 from docarray.score import NamedScore
 from jina import Executor, requests
-from jina.serve.executors import _FunctionWithSchema
 
 from clipserve import ranking
 from clipserve.backends import BACKENDS, BackendOptions, create_backend
 from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
-from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
+from clipserve.errors import InvalidDocumentError, InvalidParameterError
 from clipserve.lean_imports import keep_triton_out
 from clipserve.lifecycle import install_drain_when_served, shutdown_seconds, warm_up_documents
 from clipserve.metrics import Metrics
-from clipserve.models.names import DEFAULT_MODEL, parse_model_name
+from clipserve.models.names import DEFAULT_MODEL
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.options import check_access_paths, check_bool, check_int, env_or_default, request_options
 from clipserve.pipeline import EncodePipeline, StageTimes
+from clipserve.routing import model_routes
 from clipserve.uris import UriPolicy
-
-
-def _canonical(model: str) -> str | None:
-    try:
-        return str(parse_model_name(model))
-    except ValueError:
-        return None
-
-
-def _pass_through(executor, **kwargs):
-    """A request for another model of this Flow: leave the documents as they are."""
-    return None
-
-
-_PASS_THROUGH = _FunctionWithSchema.get_function_with_schema(_pass_through)
-
-
-class _ModelRoutes(dict):
-    """An endpoint table that also answers `/encode/<any model>` and `/rank/<any model>`.
-
-    Jina hands a request for an unbound endpoint to the catch-all without saying which endpoint
-    was asked for, so the model named in the path would be lost. This table claims those paths
-    itself and builds their handler from the name: an alias of this model, or an unknown-model error.
-    """
-
-    def __init__(self, table, handlers, make_handler):
-        super().__init__(table)
-        self._handlers = handlers  # '/encode' -> handler, '/rank' -> handler
-        self._make_handler = make_handler
-
-    def _split(self, key):
-        if isinstance(key, str):
-            for endpoint in self._handlers:
-                if key.startswith(endpoint + '/') and len(key) > len(endpoint) + 1:
-                    return endpoint, key[len(endpoint) + 1:]
-        return None
-
-    def __contains__(self, key) -> bool:
-        return dict.__contains__(self, key) or self._split(key) is not None
-
-    def __missing__(self, key):
-        split = self._split(key)
-        if split is None:
-            raise KeyError(key)
-        endpoint, model = split
-        return self._make_handler(model, self._handlers[endpoint])
 
 
 def thread_budget(replicas: int) -> int | None:
@@ -190,40 +144,9 @@ class CLIPExecutorBase(Executor):
         super().close()
 
     def _bind_model_endpoints(self, *endpoints: str) -> None:
-        """Route `/<endpoint>/<model>` (what clip-client sends for `parameters={'model_name': ...}`) by model.
-
-        This model, under its canonical or configured name (or any alias), gets the `/<endpoint>`
-        handler. Another model of the same Flow (`served_models`) passes through untouched, for the
-        executor that serves it. Any other name is an error listing the served models
-        (clip-as-service silently answered with whatever model it had); the executor with
-        `serve_default=True` says so. With `serve_default=False` (the extra models of a multi-model
-        Flow) every other endpoint is unbound, and other model names pass through untouched.
-        """
-        handlers = {endpoint: self.requests[endpoint] for endpoint in endpoints}
-        kept = self.requests if self.serve_default else {k: v for k, v in self.requests.items()
-                                                         if k in ('/clipserve/info', '/clipserve/ready')}
-        table = _ModelRoutes(kept, handlers, self._unknown_model_handler)
-        own = {self.backend.model_name, self._configured_name}
-        others = {_canonical(m) for m in self.served_models} - {self.backend.model_name, None}
-        for endpoint, handler in handlers.items():
-            for model in own:
-                table[f'{endpoint}/{model}'] = handler
-            if self.serve_default:
-                for model in others:
-                    table[f'{endpoint}/{model}'] = _PASS_THROUGH
-        self._requests = table
-
-    def _unknown_model_handler(self, model: str, handler):
-        if _canonical(model) == self.backend.model_name:  # another spelling of this model: ViT-B/32
-            return handler
-        if not self.serve_default:  # the default executor of the Flow answers for unknown names
-            return _PASS_THROUGH
-        served = ', '.join(self.served_models)
-
-        def unknown_model(executor, **kwargs):
-            raise UnknownModelError(f'model {model!r} is not served by this Flow; served models: {served}')
-
-        return _FunctionWithSchema.get_function_with_schema(unknown_model)
+        """Route `/<endpoint>/<model>` by model, for multi-model Flows (see routing.py)."""
+        self._requests = model_routes(self.requests, endpoints, self.backend.model_name, self._configured_name,
+                                      self.served_models, self.serve_default)
 
     async def __acall__(self, req_endpoint: str, **kwargs):
         """Track requests in flight (for dynamic batching) and count failures by cause (for metrics).
