@@ -32,9 +32,3 @@ class CLIPEncoder(CLIPExecutorBase):
     def encode_endpoint(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         """`/encode` bound by name too, so `/encode/<model>` can be, and multi-model Flows can route it."""
         return self.encode(docs, parameters)
-
-    @requests(on='/rank')
-    def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
-        self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
-        self.rank_documents(docs, parameters or {}, reuse_embeddings=False)
-        return docs

@@ -11,14 +11,12 @@ import sys
 import threading
 import time
 
-import numpy as np
 from docarray import Document, DocumentArray
-from docarray.score import NamedScore
 from jina import Executor, requests
 
-from clipserve import ranking
+from clipserve import rank
 from clipserve.backends import BACKENDS, BackendOptions, create_backend
-from clipserve.documents import drop_image_content, has_image, image_loader, split_texts_images
+from clipserve.documents import drop_image_content, image_loader, split_texts_images
 from clipserve.errors import InvalidDocumentError, InvalidParameterError
 from clipserve.lean_imports import keep_triton_out
 from clipserve.lifecycle import install_drain_when_served, shutdown_seconds, warm_up_documents
@@ -41,6 +39,9 @@ def thread_budget(replicas: int) -> int | None:
 
 class CLIPExecutorBase(Executor):
     """Loads one CLIP model on one backend and encodes/ranks DocArray documents with it."""
+
+    #: /rank keeps the embeddings documents already carry (the request parameter `reuse_embeddings` wins)
+    reuse_embeddings_default = False
 
     def __init__(
         self,
@@ -224,38 +225,21 @@ class CLIPExecutorBase(Executor):
 
     # ---- ranking --------------------------------------------------------------------------
 
-    def rank_documents(self, docs: DocumentArray, parameters: dict, reuse_embeddings: bool) -> None:
-        """Score and sort each root document's matches as clip-as-service's /rank does."""
+    @requests(on='/rank')
+    def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+        """Score and sort each root document's matches as clip-as-service's /rank does (see rank.py)."""
+        self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
+        self.rank_documents(docs, parameters or {})
+        return docs
+
+    def rank_documents(self, docs: DocumentArray, parameters: dict) -> None:
         options = request_options(parameters, '@r', self.logger)
-        reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_embeddings))
-        problems = []
+        reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', self.reuse_embeddings_default))
+        everyone = [d for d, _ in rank.members(docs)]
+        reused = {id(d) for d in everyone if reuse and d.embedding is not None}
+        found = rank.problems(docs, reused, self.backend.embed_dim, options.allow_empty_matches)
+        if found:
+            raise InvalidDocumentError(found)
+        self.encode_documents(DocumentArray(everyone), options.drop_image_content, reused)
         for query in docs:
-            if not len(query.matches) and not options.allow_empty_matches:
-                problems.append((query.id, 'has no matches to rank (send allow_empty_matches=true to pass it through)'))
-        roles = [(d, role) for q in docs for d, role in [(q, 'query'), *((m, 'match') for m in q.matches)]]
-        members = [d for d, _ in roles]
-        skip = {id(d) for d in members if reuse and d.embedding is not None}
-        for doc, role in roles:
-            if id(doc) in skip:
-                dim = np.asarray(doc.embedding).size
-                if dim != self.backend.embed_dim:
-                    problems.append((doc.id, f'{role} embedding has dimension {dim}, the model gives {self.backend.embed_dim}'))
-            elif not doc.text and not has_image(doc):
-                problems.append((doc.id, f'{role} has no text, image or embedding to rank with'))
-        if problems:
-            raise InvalidDocumentError(problems)
-        self.encode_documents(DocumentArray(members), options.drop_image_content, skip)
-        for query in docs:
-            if len(query.matches):
-                _score_and_sort(query)
-
-
-def _score_and_sort(query: Document) -> None:
-    matches = list(query.matches)
-    candidates = np.stack([np.asarray(m.embedding, dtype=np.float32).reshape(-1) for m in matches])
-    probabilities, cosines = ranking.clip_scores(np.asarray(query.embedding).reshape(-1), candidates)
-    for match, p, c in zip(matches, probabilities, cosines):
-        match.scores['clip_score'] = NamedScore(value=float(p), op_name='softmax')
-        match.scores['clip_score_cosine'] = NamedScore(value=float(c), op_name='cosine')
-        match.embedding = None
-    query.matches = DocumentArray([matches[i] for i in ranking.descending_order(probabilities)])
+            rank.score_and_sort(query)

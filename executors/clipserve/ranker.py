@@ -5,21 +5,14 @@ Unlike CLIPEncoder's /rank it keeps embeddings documents already carry (pass
 """
 
 
-from docarray import DocumentArray
-from jina import requests
-
 from clipserve.executor_base import CLIPExecutorBase
 
 
 class CLIPRanker(CLIPExecutorBase):
     """Scores each document's matches by CLIP similarity and sorts them, clip-as-service style."""
 
+    reuse_embeddings_default = True
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bind_model_endpoints('/rank')
-
-    @requests(on='/rank')
-    def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
-        self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
-        self.rank_documents(docs, parameters or {}, reuse_embeddings=True)
-        return docs
