@@ -6,6 +6,7 @@ writes embeddings and scores back in place, and turns bad input into one clear e
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -15,18 +16,17 @@ from docarray import Document, DocumentArray
 from jina import Executor, requests
 
 from clipserve import rank
-from clipserve.backends import BACKENDS, BackendOptions, create_backend
+from clipserve.backends import BackendOptions, create_backend
 from clipserve.documents import drop_image_content, image_loader, split_texts_images
-from clipserve.errors import InvalidDocumentError, InvalidParameterError
+from clipserve.errors import InvalidDocumentError
 from clipserve.lean_imports import keep_triton_out
-from clipserve.lifecycle import install_drain_when_served, shutdown_seconds, warm_up_documents
+from clipserve.lifecycle import install_drain_when_served, warm_up_documents
 from clipserve.metrics import Metrics
 from clipserve.models.names import DEFAULT_MODEL
-from clipserve.models.preprocess import PreprocessConfig
-from clipserve.options import check_access_paths, check_bool, check_int, env_or_default, request_options
+from clipserve.options import check_bool, request_options
 from clipserve.pipeline import EncodePipeline, StageTimes
 from clipserve.routing import model_routes
-from clipserve.uris import UriPolicy
+from clipserve.settings import executor_settings
 
 
 def thread_budget(replicas: int) -> int | None:
@@ -71,57 +71,55 @@ class CLIPExecutorBase(Executor):
     ):
         super().__init__(**kwargs)
         started = time.perf_counter()
-        name = env_or_default(name, DEFAULT_MODEL)
-        self._configured_name = str(name)
-        backend = env_or_default(backend, 'torch')
-        device = env_or_default(device, None)
-        dtype = env_or_default(dtype, None)
-        if backend not in BACKENDS:
-            raise InvalidParameterError(f'backend must be one of {", ".join(BACKENDS)}, got {backend!r}')
-        self.minibatch_size = check_int('minibatch_size', minibatch_size)
-        self.num_worker_preprocess = check_int('num_worker_preprocess', num_worker_preprocess)
-        if traversal_paths is not None:
-            self.logger.warning('"traversal_paths" is deprecated; use "access_paths"')
-            access_paths = traversal_paths
-        self.access_paths = check_access_paths('access_paths', access_paths)
-        self.uri_policy = UriPolicy(
-            allow_local_files=check_bool('allow_local_files', allow_local_files),
-            local_files_root=env_or_default(local_files_root, None),
-            allow_remote=check_bool('allow_remote_uris', allow_remote_uris),
-            allowed_hosts=tuple(str(h) for h in (remote_allowed_hosts or ())),
-            remote_timeout=float(remote_timeout),
-            max_bytes=check_int('max_image_bytes', max_image_bytes),
+        settings = executor_settings(
+            name=name, backend=backend, device=device, dtype=dtype, minibatch_size=minibatch_size,
+            num_worker_preprocess=num_worker_preprocess, access_paths=access_paths,
+            allow_local_files=allow_local_files, local_files_root=local_files_root,
+            allow_remote_uris=allow_remote_uris, remote_allowed_hosts=remote_allowed_hosts,
+            remote_timeout=remote_timeout, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
+            jpeg_draft=jpeg_draft, model_path=model_path, serve_default=serve_default, served_models=served_models,
+            batch_requests=batch_requests, batch_wait_ms=batch_wait_ms, traversal_paths=traversal_paths,
+            shutdown_grace=shutdown_grace,
         )
+        for warning in settings.warnings:
+            self.logger.warning(warning)
+        self.settings = settings
+        self._configured_name = settings.name
+        self.minibatch_size = settings.minibatch_size
+        self.num_worker_preprocess = settings.num_worker_preprocess
+        self.access_paths = settings.access_paths
+        self.uri_policy = settings.uri_policy
+        self.serve_default = settings.serve_default
+        self.shutdown_grace = settings.shutdown_grace
         replicas = getattr(self.runtime_args, 'replicas', 1) or 1
-        if backend == 'torch':
-            keep_triton_out(device)
+        if settings.backend == 'torch':
+            keep_triton_out(settings.device)
         self.backend = create_backend(
-            backend, name, BackendOptions(device=device, dtype=dtype, num_threads=thread_budget(replicas)),
-            model_path=env_or_default(model_path, None), max_batch=self.minibatch_size,
+            settings.backend, settings.name,
+            BackendOptions(device=settings.device, dtype=settings.dtype, num_threads=thread_budget(replicas)),
+            model_path=settings.model_path, max_batch=settings.minibatch_size,
         )
-        self.preprocess_config = PreprocessConfig(
-            **{**self.backend.preprocess.__dict__, 'max_pixels': check_int('max_image_pixels', max_image_pixels),
-               'jpeg_draft': check_bool('jpeg_draft', jpeg_draft)}
-        )
+        self.preprocess_config = dataclasses.replace(self.backend.preprocess, max_pixels=settings.max_image_pixels,
+                                                     jpeg_draft=settings.jpeg_draft)
         concurrent = bool(getattr(self.runtime_args, 'allow_concurrent', False))
         # (not called `dynamic_batching`: Jina passes its own argument of that name to every executor)
-        batching = concurrent if batch_requests in (None, '') else check_bool('batch_requests', batch_requests)
+        batching = concurrent if settings.batch_requests is None else settings.batch_requests
         if batching and not concurrent:
-            self.logger.warning('batch_requests needs `allow_concurrent: true` on the executor to see concurrent requests')
+            self.logger.warning('batch_requests needs `allow_concurrent: true` on the executor '
+                                'to see concurrent requests')
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.pipeline = EncodePipeline(
-            self.backend, self.minibatch_size, self.num_worker_preprocess,
-            batch_wait=float(batch_wait_ms) / 1000 if batching else None,
+            self.backend, settings.minibatch_size, settings.num_worker_preprocess,
+            batch_wait=settings.batch_wait_seconds if batching else None,
             others_in_flight=lambda: self._in_flight > 1,
         )
-        self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', ''))
-        self.serve_default = check_bool('serve_default', serve_default)
-        self.served_models = [str(m) for m in (served_models or [self.backend.model_name])]
+        self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None),
+                               getattr(self.runtime_args, 'name', ''))
+        self.served_models = list(settings.served_models) or [self.backend.model_name]
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
         self._draining = False
-        self.shutdown_grace = shutdown_seconds(env_or_default(shutdown_grace, None))
         if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
             install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
         self.logger.info(f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '

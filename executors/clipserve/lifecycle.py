@@ -12,31 +12,12 @@ drain is not installed and leaves Jina's shutdown as it is.
 from __future__ import annotations
 
 import gc
-import os
 import threading
 import time
 
 import numpy as np
 from docarray import Document, DocumentArray
 from jina.serve.runtimes.servers import BaseServer
-
-from clipserve.errors import InvalidParameterError
-
-GRACE_ENV = 'CLIPSERVE_SHUTDOWN_GRACE'
-DEFAULT_GRACE_SECONDS = 30.0
-
-
-def shutdown_seconds(configured, environ=None) -> float:
-    """The grace period: the executor argument, else $CLIPSERVE_SHUTDOWN_GRACE, else 30 s; 0 means none."""
-    environ = os.environ if environ is None else environ
-    value = configured if configured not in (None, '') else environ.get(GRACE_ENV) or DEFAULT_GRACE_SECONDS
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f'shutdown_grace must be a number of seconds, got {value!r}') from None
-    if not seconds >= 0:  # also refuses NaN
-        raise InvalidParameterError(f'shutdown_grace must be >= 0 seconds, got {value!r}')
-    return seconds
 
 
 def warm_up_documents(image_size: int) -> DocumentArray:

@@ -7,8 +7,8 @@ import grpc
 import pytest
 
 from clipserve.errors import InvalidParameterError
-from clipserve.lifecycle import shutdown_seconds
 from clipserve.readiness import FlowReadiness, grpc_addresses, judge_reports
+from clipserve.settings import shutdown_seconds
 
 
 def test_deployment_addresses_in_both_of_jinas_shapes():
