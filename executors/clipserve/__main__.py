@@ -14,14 +14,20 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_FLOW = 'torch.yml'
-FLOWS_DIR = Path(__file__).resolve().parents[2] / 'flows'
+SOURCE_FLOWS = Path(__file__).resolve().parents[2] / 'flows'  # a checkout (editable install)
+INSTALLED_FLOWS = Path('share') / 'clipserve' / 'flows'  # under sys.prefix: a wheel's data files
+
+
+def flow_dirs() -> list[Path]:
+    return [SOURCE_FLOWS, Path(sys.prefix) / INSTALLED_FLOWS, Path('flows')]
 
 
 def find_flow(arg: str) -> Path:
-    for candidate in (Path(arg), FLOWS_DIR / arg, Path('flows') / arg):
+    for candidate in (Path(arg), *(folder / arg for folder in flow_dirs())):
         if candidate.is_file():
             return candidate
-    raise SystemExit(f'clipserve: no Flow file {arg!r} (looked in the current directory and {FLOWS_DIR})')
+    looked = ', '.join(str(d) for d in flow_dirs())
+    raise SystemExit(f'clipserve: no Flow file {arg!r} (looked in the current directory, {looked})')
 
 
 def serve(flow_arg: str | None, from_stdin: bool) -> None:
