@@ -27,6 +27,7 @@ from clipserve.backends.export_format import (
     read_metadata,
 )
 from clipserve.backends.onnx_fp16 import fp16_copy
+from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 
 _NP_TYPES = {'tensor(int32)': np.int32, 'tensor(int64)': np.int64, 'tensor(float)': np.float32,
@@ -51,11 +52,7 @@ class OnnxBackend(Backend):
     def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), model_path: str | None = None):
         super().__init__()
         self.device = self._pick_device(options.device)
-        self.dtype = options.dtype or ('fp16' if self.device.startswith('cuda') else 'fp32')
-        if self.dtype not in ('fp32', 'fp16'):
-            raise BackendUnavailableError(f'the onnx backend runs fp32 or fp16, not {self.dtype!r}')
-        if self.dtype == 'fp16' and self.device == 'cpu':
-            raise BackendUnavailableError('fp16 ONNX models run on CUDA only; use dtype "fp32" on the CPU')
+        self.dtype = resolve_dtype('onnx', self.device, options.dtype)
         folder = self._locate(model, model_path)
         self.folder = folder
         session_options = ort.SessionOptions()

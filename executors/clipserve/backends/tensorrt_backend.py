@@ -28,6 +28,7 @@ import numpy as np
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import parse_device
 from clipserve.backends.export_format import GRAPH_FILES, METADATA_FILE, cached_export, missing_files, read_metadata
+from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError, EngineBuildError, InvalidParameterError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
 
@@ -36,7 +37,6 @@ MIN_TENSORRT_MAJOR = 10  # the named-tensor API and execute_async_v3
 MAX_TENSORRT_MAJOR = 10  # TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines are built with
 ENGINE_FORMAT = 1  # bump when what goes into an engine changes (builder flags, profiles), so caches rebuild
 OPT_TEXT_LENGTH = 16  # TensorRT tunes kernels for the opt shape; real queries are 10-20 tokens
-PRECISIONS = ('fp16', 'fp32')
 TOWERS = ('visual', 'textual')
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,7 @@ def parse_cuda_device(device: str | None) -> int:
 
 def pick_precision(dtype: str | None) -> str:
     """fp16 unless asked otherwise: it is why one uses TensorRT. fp32 disables TF32 too, so it means fp32."""
-    if dtype in (None, '', 'auto'):
-        return 'fp16'
-    if dtype not in PRECISIONS:
-        raise BackendUnavailableError(f'the tensorrt backend builds fp16 or fp32 engines, not {dtype!r}')
-    return dtype
+    return resolve_dtype('tensorrt', 'cuda', dtype)
 
 
 def check_max_batch(max_batch) -> int:

@@ -7,6 +7,7 @@ import torch
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
+from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError
 from clipserve.models.loading import build_model
 from clipserve.models.names import parse_model_name
@@ -31,21 +32,13 @@ def pick_device(device: str | None) -> str:
     return str(parsed)
 
 
-def pick_dtype(dtype: str | None, device: str) -> str:
-    if dtype in (None, '', 'auto'):
-        return 'fp32' if device == 'cpu' else 'fp16'
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f'unknown dtype {dtype!r}; use one of: {", ".join(TORCH_DTYPES)}')
-    return dtype
-
-
 class TorchBackend(Backend):
     name = 'torch'
 
     def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), trim_padding: bool = True):
         super().__init__()
         self.device = pick_device(options.device)
-        self.dtype = pick_dtype(options.dtype, self.device)
+        self.dtype = resolve_dtype('torch', self.device, options.dtype)
         if options.num_threads and self.device == 'cpu':
             torch.set_num_threads(options.num_threads)
         resolved = resolve(parse_model_name(model))
