@@ -95,7 +95,7 @@ class CLIPExecutorBase(Executor):
         if settings.backend == 'torch':
             keep_triton_out(settings.device)
         self.backend = create_backend(
-            settings.backend, settings.name,
+            settings.backend, settings.model,
             BackendOptions(device=settings.device, dtype=settings.dtype, num_threads=thread_budget(replicas)),
             model_path=settings.model_path, max_batch=settings.minibatch_size,
         )

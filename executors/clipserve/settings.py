@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from clipserve.backends import BACKENDS
 from clipserve.errors import InvalidParameterError
-from clipserve.models.names import DEFAULT_MODEL
+from clipserve.models.names import DEFAULT_MODEL, ModelName, parse_model_name
 from clipserve.options import check_access_paths, check_bool, check_int, env_or_default
 from clipserve.uris import UriPolicy
 
@@ -23,6 +23,7 @@ DEFAULT_GRACE_SECONDS = 30.0
 @dataclass(frozen=True)
 class ExecutorSettings:
     name: str  # as configured (an alias such as ViT-B/32 stays as written)
+    model: ModelName  # the name parsed, once: what the backend gets
     backend: str
     device: str | None
     dtype: str | None
@@ -74,8 +75,14 @@ def executor_settings(
         batch_wait_seconds = float(batch_wait_ms) / 1000
     except (TypeError, ValueError) as e:
         raise InvalidParameterError(f'remote_timeout and batch_wait_ms must be numbers ({e})') from None
+    name = str(env_or_default(name, DEFAULT_MODEL))
+    try:
+        model = parse_model_name(name)
+    except ValueError as e:
+        raise InvalidParameterError(f'name: {e}') from None
     return ExecutorSettings(
-        name=str(env_or_default(name, DEFAULT_MODEL)),
+        name=name,
+        model=model,
         backend=backend,
         device=env_or_default(device, None),
         dtype=env_or_default(dtype, None),

@@ -55,3 +55,13 @@ def test_the_settings_take_exactly_the_executors_arguments_with_the_same_default
                 if k not in ('self', 'kwargs')}
     settings = {k: p.default for k, p in inspect.signature(executor_settings).parameters.items()}
     assert executor == settings
+
+
+def test_the_model_name_is_parsed_once_and_a_bad_one_is_an_error_before_any_loading():
+    settings = executor_settings(name='ViT-B/32')
+    assert settings.name == 'ViT-B/32' and str(settings.model) == 'ViT-B-32::openai'
+    from clipserve.models.names import parse_model_name
+
+    assert parse_model_name(settings.model) is settings.model  # passed down, not parsed again
+    with pytest.raises(InvalidParameterError, match='name'):
+        executor_settings(name='::openai')

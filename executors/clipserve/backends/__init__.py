@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from clipserve.backends.base import Backend, BackendOptions
+from clipserve.models.names import ModelName
 
 BACKENDS = ('torch', 'onnx', 'tensorrt')
 
 
-def create_backend(kind: str, model: str | None, options: BackendOptions, model_path: str | None = None,
+def create_backend(kind: str, model: str | ModelName | None, options: BackendOptions, model_path: str | None = None,
                    max_batch: int | None = None) -> Backend:
-    """Build the backend `kind` for `model`; imports the runtime only now.
+    """Build the backend `kind` for `model` (a parsed ModelName, or a name to parse); imports the runtime only now.
 
     `model_path` is a directory of exported files (onnx, tensorrt); the torch backend takes its weights
     from the model name instead (`arch::/path/to/checkpoint`). `max_batch` is the largest batch the

@@ -59,11 +59,14 @@ class ModelName:
         return f'{self.arch}::{self.pretrained}'
 
 
-def parse_model_name(name: str | None) -> ModelName:
+def parse_model_name(name: str | ModelName | None) -> ModelName:
     """Split `name` into architecture and weights, expanding legacy aliases.
 
     Like clip-as-service, a bare architecture means OpenAI weights (`RN50` -> `RN50::openai`).
+    A ModelName (parsed once, by the executor's settings) passes through as it is.
     """
+    if isinstance(name, ModelName):
+        return name
     if name is None or not str(name).strip():
         name = DEFAULT_MODEL
     name = str(name).strip()
