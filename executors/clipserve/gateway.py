@@ -96,13 +96,39 @@ def _status_code_only(handler):
                                                response_serializer=handler.response_serializer)
 
 
+# Before refusing a client-streaming call, read (without parsing) what the client is sending, up to
+# these bounds: a refusal that arrives while the client is still writing surfaces on its side as a failed
+# write (gRPC INTERNAL) instead of UNAUTHENTICATED.
+DENY_DRAIN_MESSAGES = 64
+DENY_DRAIN_SECONDS = 2.0
+
+
+async def _drain(request_iterator) -> None:
+    async def read():
+        count = 0
+        async for _ in request_iterator:
+            count += 1
+            if count >= DENY_DRAIN_MESSAGES:
+                return
+
+    try:
+        await asyncio.wait_for(read(), DENY_DRAIN_SECONDS)
+    except Exception:  # a timeout or a broken stream: refuse all the same
+        pass
+
+
 def _denying(handler):
     message = 'missing or wrong authorization token'
+    streaming_in = handler.request_streaming
 
     async def deny_unary(request, context):
+        if streaming_in:
+            await _drain(request)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def deny_stream(request, context):
+        if streaming_in:
+            await _drain(request)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover (makes this an async generator, as streaming handlers must be)
 
@@ -113,8 +139,8 @@ def _denying(handler):
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(handler.request_streaming, handler.response_streaming)]
     behaviour = deny_stream if handler.response_streaming else deny_unary
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    # request_deserializer None: the refused messages stay bytes, never parsed
+    return make(behaviour, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 class TokenMiddleware:
