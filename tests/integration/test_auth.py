@@ -42,6 +42,20 @@ def test_grpc_needs_the_token(auth_flow):
         ClipClient(url, credential={'Authorization': 'wrong'}).encode(['hi'])
 
 
+def test_a_refused_streaming_client_always_sees_unauthenticated(auth_flow):
+    """Refusing while the client still writes used to surface as a failed write (INTERNAL) about one
+    call in four: the gateway now reads what the client sends before refusing."""
+    url = f'grpc://127.0.0.1:{auth_flow["grpc"]}'
+    outcomes = []
+    for _ in range(20):
+        try:
+            ClipClient(url).encode(['hi'])
+            outcomes.append('served')
+        except Exception as error:
+            outcomes.append('UNAUTHENTICATED' if 'UNAUTHENTICATED' in str(error) else str(error)[:200])
+    assert outcomes == ['UNAUTHENTICATED'] * 20, outcomes
+
+
 def test_http_needs_the_token(auth_flow):
     url = f'http://127.0.0.1:{auth_flow["http"]}/post'
     body = {'execEndpoint': '/', 'data': [{'text': 'hello'}]}
