@@ -254,8 +254,10 @@ class ReadyGateway(CompositeGateway):
     @property
     def _should_exit(self) -> bool:
         # Jina's composite server counts a server without `should_exit` (gRPC's) as exited, so a
-        # gRPC-only composite gateway would stop right after it starts; such a server runs until cancelled.
-        return all(getattr(server, 'should_exit', False) for server in self.servers)
+        # gRPC-only composite gateway would stop right after it starts. Here: exit when every server
+        # that can tell (HTTP, WebSocket) has exited; a gRPC server runs until the gateway is cancelled.
+        told = [server.should_exit for server in self.servers if hasattr(server, 'should_exit')]
+        return bool(told) and all(told)
 
     async def setup_server(self):
         await super().setup_server()
