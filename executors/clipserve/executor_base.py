@@ -12,12 +12,13 @@ import sys
 import threading
 import time
 
-from docarray import Document, DocumentArray
+from docarray import DocumentArray
 from jina import Executor, requests
 
 from clipserve import rank
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.documents import drop_image_content, image_loader, split_texts_images
+from clipserve.endpoints import INFO_ENDPOINT, READY_ENDPOINT, ready_report
 from clipserve.errors import InvalidDocumentError
 from clipserve.lean_imports import keep_triton_out
 from clipserve.lifecycle import install_drain_when_served, warm_up_documents
@@ -152,7 +153,7 @@ class CLIPExecutorBase(Executor):
 
         The gateway's readiness probes are not counted: they would make encoders wait for company.
         """
-        counted = 0 if req_endpoint == '/clipserve/ready' else 1
+        counted = 0 if req_endpoint == READY_ENDPOINT else 1
         with self._in_flight_lock:
             self._in_flight += counted
         try:
@@ -164,7 +165,7 @@ class CLIPExecutorBase(Executor):
             with self._in_flight_lock:
                 self._in_flight -= counted
 
-    @requests(on='/clipserve/info')
+    @requests(on=INFO_ENDPOINT)
     def info(self, **kwargs):
         """What this replica serves, for operators and tests (read with `return_responses=True`)."""
         b = self.backend
@@ -179,15 +180,13 @@ class CLIPExecutorBase(Executor):
             'draining': self._draining,
         }
 
-    @requests(on='/clipserve/ready')
+    @requests(on=READY_ENDPOINT)
     def ready(self, **kwargs):
         """What a readiness probe needs: this copy has loaded and warmed up (it answers), whether it is
         draining, and which shard it is. One document per shard, so a head polling ALL shards merges
         them (Jina keys returned parameters by executor name, which the shards share)."""
-        shard_id = int(getattr(self.runtime_args, 'shard_id', 0) or 0)
-        return DocumentArray([Document(id=f'clipserve-ready-shard-{shard_id}', tags={
-            'draining': self._draining, 'shard_id': shard_id,
-            'shards': int(getattr(self.runtime_args, 'shards', 1) or 1)})])
+        return ready_report(int(getattr(self.runtime_args, 'shard_id', 0) or 0),
+                            int(getattr(self.runtime_args, 'shards', 1) or 1), self._draining)
 
     # ---- encoding -------------------------------------------------------------------------
 

@@ -23,7 +23,8 @@ from jina.proto import jina_pb2, jina_pb2_grpc
 from jina.serve.networking.utils import get_grpc_channel
 from jina.types.request.data import DataRequest
 
-READY_ENDPOINT = '/clipserve/ready'
+from clipserve.endpoints import READY_ENDPOINT, read_reports
+
 READY_PATH = '/readyz'  # HTTP GET: 200 ready, 503 not ready
 LIVE_PATH = '/livez'  # HTTP GET: 200 while the gateway answers
 READINESS_SERVICE = 'readiness'  # gRPC health service name; '' (Jina's) stays liveness
@@ -80,7 +81,7 @@ async def probe_address(address: str, timeout: float) -> list[dict]:
         answer = await stub.process_single_data(request, metadata=(('endpoint', READY_ENDPOINT),), timeout=timeout)
     if answer.header.status.code == jina_pb2.StatusProto.ERROR:
         raise RuntimeError(answer.header.status.exception.name or 'error')
-    return [dict(doc.tags) for doc in answer.docs if doc.id.startswith('clipserve-ready-shard-')]
+    return read_reports(answer.docs)
 
 
 class FlowReadiness:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from jina.serve.executors import _FunctionWithSchema
 
+from clipserve.endpoints import INFO_ENDPOINT, READY_ENDPOINT
 from clipserve.errors import UnknownModelError
 from clipserve.models.names import parse_model_name
 
 # endpoints every executor keeps, also the extra models' executors (serve_default=False)
-ALWAYS_BOUND = ('/clipserve/info', '/clipserve/ready')
+ALWAYS_BOUND = (INFO_ENDPOINT, READY_ENDPOINT)
 
 
 def canonical(model: str) -> str | None:
