@@ -19,6 +19,8 @@ from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import parse_device
 from clipserve.backends.export_format import (
     GRAPH_FILES,
+    TEXTUAL_FILE,
+    VISUAL_FILE,
     ExportMetadata,
     cached_export,
     clip_as_service_metadata,
@@ -67,8 +69,8 @@ class OnnxBackend(Backend):
             session_options.enable_mem_pattern = False
         if options.num_threads:
             session_options.intra_op_num_threads = options.num_threads
-        self.visual = self._session(folder / 'visual.onnx', session_options)
-        self.textual = self._session(folder / 'textual.onnx', session_options)
+        self.visual = self._session(folder / VISUAL_FILE, session_options)
+        self.textual = self._session(folder / TEXTUAL_FILE, session_options)
         metadata = self._metadata(folder, model)
         self.model_name = metadata.model
         text_shape = self.textual.get_inputs()[0].shape

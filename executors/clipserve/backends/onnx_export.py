@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 import warnings
-from importlib import metadata
+from importlib import metadata as package_metadata
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,8 @@ from clipserve.backends.export_format import (
     BPE_TOKENIZER,
     DEFAULT_OPSET,
     EXPORT_FORMAT,
+    TEXTUAL_FILE,
+    VISUAL_FILE,
     ExportMetadata,
     has_metadata,
     write_metadata,
@@ -49,8 +51,8 @@ class ExportError(RuntimeError):
 def _clipserve_version() -> str:
     """From the installed package's metadata: importing `clipserve` itself would load the executors."""
     try:
-        return metadata.version('clipserve')
-    except metadata.PackageNotFoundError:
+        return package_metadata.version('clipserve')
+    except package_metadata.PackageNotFoundError:
         return 'unknown'
 
 
@@ -111,9 +113,9 @@ def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSE
     seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
     try:
         with torch.no_grad():
-            _export(image, (pixels,), out / 'visual.onnx', ['pixel_values'], 'image_embeds',
+            _export(image, (pixels,), out / VISUAL_FILE, ['pixel_values'], 'image_embeds',
                     {'pixel_values': {0: 'batch'}}, opset, external_data)
-            _export(text, (ids, mask), out / 'textual.onnx', ['input_ids', 'attention_mask'], 'text_embeds',
+            _export(text, (ids, mask), out / TEXTUAL_FILE, ['input_ids', 'attention_mask'], 'text_embeds',
                     {'input_ids': seq, 'attention_mask': seq}, opset, external_data)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
