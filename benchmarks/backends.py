@@ -15,10 +15,12 @@ import tempfile
 import numpy as np
 from common import items_per_second, machine, markdown_table, save, save_plot
 
-CAPTIONS = ['a photo of a small brown dog running on the beach at sunset',
-            'two people riding bicycles along a busy city street in the rain',
-            'a bowl of fresh fruit on a wooden kitchen table near a window',
-            'an old red tractor parked in a green field under a cloudy sky']
+CAPTIONS = [
+    'a photo of a small brown dog running on the beach at sunset',
+    'two people riding bicycles along a busy city street in the rain',
+    'a bowl of fresh fruit on a wooden kitchen table near a window',
+    'an old red tractor parked in a green field under a cloudy sky',
+]
 
 
 def main() -> None:
@@ -36,8 +38,10 @@ def main() -> None:
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-bench-')  # removed when the script ends
     folder = workdir.name
     export_onnx(args.model, folder)
-    backends = {'torch': create_backend('torch', args.model, options),
-                'onnx': create_backend('onnx', args.model, options, model_path=folder)}
+    backends = {
+        'torch': create_backend('torch', args.model, options),
+        'onnx': create_backend('onnx', args.model, options, model_path=folder),
+    }
     size = backends['torch'].image_size
     rng = np.random.default_rng(0)
     rows, results = [], []
@@ -53,18 +57,21 @@ def main() -> None:
                     fn = lambda b=backend: b.encode_images(pixels)  # noqa: E731
                 rate[name] = items_per_second(fn, batch, min_seconds=args.seconds)
             results.append({'kind': kind, 'batch': batch, **rate})
-            rows.append([kind, batch, f"{rate['torch']:.2f}", f"{rate['onnx']:.2f}", f"{rate['onnx'] / rate['torch']:.2f}x"])
+            rows.append(
+                [kind, batch, f'{rate["torch"]:.2f}', f'{rate["onnx"]:.2f}', f'{rate["onnx"] / rate["torch"]:.2f}x']
+            )
     info = machine()
-    print(f"\n{args.model}, model only, {info['cpu']}, {info['cores']} cores, {info['when']}\n")
+    print(f'\n{args.model}, model only, {info["cpu"]}, {info["cores"]} cores, {info["when"]}\n')
     print(markdown_table(['input', 'batch', 'torch items/s', 'onnx items/s', 'onnx / torch'], rows))
     path = save('backends', {'model': args.model, 'machine': info, 'results': results})
+
     def draw(axes):
         for ax, kind in zip(axes, ('texts', 'images')):
             cells = [r for r in results if r['kind'] == kind]
             x = np.arange(len(cells))
             ax.bar(x - 0.2, [c['torch'] for c in cells], 0.4, label='torch')
             ax.bar(x + 0.2, [c['onnx'] for c in cells], 0.4, label='onnx')
-            ax.set_xticks(x, [f"batch {c['batch']}" for c in cells])
+            ax.set_xticks(x, [f'batch {c["batch"]}' for c in cells])
             ax.set_title(f'{kind} ({args.model})')
             ax.set_ylabel('items/s')
             ax.legend()

@@ -57,8 +57,10 @@ def bracketed(baseline, measures: dict, rounds: int) -> tuple[dict, dict]:
             values['baseline'].append(after)
             ratios[name].append(value / ((before + after) / 2))
             before = after
-    return ({name: statistics.median(r) for name, r in ratios.items()},
-            {name: statistics.median(v) for name, v in values.items()})
+    return (
+        {name: statistics.median(r) for name, r in ratios.items()},
+        {name: statistics.median(v) for name, v in values.items()},
+    )
 
 
 def machine() -> dict:
@@ -68,8 +70,13 @@ def machine() -> dict:
             cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
     except (OSError, StopIteration):
         pass
-    return {'cpu': cpu, 'cores': len(os.sched_getaffinity(0)), 'python': platform.python_version(),
-            'load_avg': os.getloadavg()[0], 'when': time.strftime('%Y-%m-%d %H:%M')}
+    return {
+        'cpu': cpu,
+        'cores': len(os.sched_getaffinity(0)),
+        'python': platform.python_version(),
+        'load_avg': os.getloadavg()[0],
+        'when': time.strftime('%Y-%m-%d %H:%M'),
+    }
 
 
 def save(name: str, payload: dict) -> Path:
@@ -89,6 +96,7 @@ def save_plot(path: Path, draw, ncols: int = 1, figsize: tuple = (7, 3.5)) -> No
     """`draw(axes)` onto a figure saved as PNG next to the JSON at `path`; a note if matplotlib is absent."""
     try:
         import matplotlib
+
         matplotlib.use('Agg')
         import matplotlib.pyplot as plt
     except ImportError:

@@ -41,10 +41,12 @@ IMAGE_FLOPS = {'ViT-B-32': 8.82e9}  # open_clip docs/model_profile.csv, per item
 TEXT_FLOPS_77 = {'ViT-B-32': 5.96e9}  # at 77 tokens; scaled by the real token count
 DEFAULT_PEAK = 989e12
 TINY = 'clipserve-tiny::random'
-CAPTIONS = ['a photo of a small brown dog running on the beach at sunset',
-            'two people riding bicycles along a busy city street in the rain',
-            'a bowl of fresh fruit on a wooden kitchen table near a window',
-            'an old red tractor parked in a green field under a cloudy sky']
+CAPTIONS = [
+    'a photo of a small brown dog running on the beach at sunset',
+    'two people riding bicycles along a busy city street in the rain',
+    'a bowl of fresh fruit on a wooden kitchen table near a window',
+    'an old red tractor parked in a green field under a cloudy sky',
+]
 LIMITS = {'fp16': 1e-2, 'bf16': 1e-2, 'fp32': 1e-3}
 
 
@@ -73,10 +75,21 @@ class Check:
         limit = LIMITS[dtype] if limit is None else limit
         distance = cosine_distance(got, want)
         ok = bool(distance <= limit)
-        self.parity.append({'backend': backend, 'dtype': dtype, 'input': kind, 'max_cosine_distance': distance,
-                            'limit': limit, 'ok': ok})
-        print(f'{"ok  " if ok else "FAIL"} parity {backend} {dtype} {kind}: max cosine distance {distance:.2e} '
-              f'(limit {limit:g})', flush=True)
+        self.parity.append(
+            {
+                'backend': backend,
+                'dtype': dtype,
+                'input': kind,
+                'max_cosine_distance': distance,
+                'limit': limit,
+                'ok': ok,
+            }
+        )
+        print(
+            f'{"ok  " if ok else "FAIL"} parity {backend} {dtype} {kind}: max cosine distance {distance:.2e} '
+            f'(limit {limit:g})',
+            flush=True,
+        )
         if not ok:
             self.failures.append(f'{backend} {dtype} {kind} parity {distance:.2e} > {limit:g}')
 
@@ -116,12 +129,21 @@ def measure(check: Check, label: str, dtype: str, backend, model: str, batches, 
         tokens_run = int(mask.sum(axis=1).max()) if backend.trims_padding else ids.shape[1]
         for kind, fn, flops in (
             ('images', lambda: backend.encode_images(pixels), IMAGE_FLOPS.get(arch)),
-            ('texts', lambda: backend.encode_texts(ids, mask),
-             TEXT_FLOPS_77.get(arch) and TEXT_FLOPS_77[arch] * tokens_run / 77),
+            (
+                'texts',
+                lambda: backend.encode_texts(ids, mask),
+                TEXT_FLOPS_77.get(arch) and TEXT_FLOPS_77[arch] * tokens_run / 77,
+            ),
         ):
             rate = items_per_second(fn, batch, min_seconds=seconds, warmup=2)
-            row = {'backend': label, 'dtype': dtype, 'input': kind, 'batch': batch, 'items_per_s': rate,
-                   'tokens_run': tokens_run if kind == 'texts' else None}
+            row = {
+                'backend': label,
+                'dtype': dtype,
+                'input': kind,
+                'batch': batch,
+                'items_per_s': rate,
+                'tokens_run': tokens_run if kind == 'texts' else None,
+            }
             if flops:
                 row['tflops'] = rate * flops / 1e12
                 row['fraction_of_peak'] = rate * flops / peak
@@ -131,6 +153,7 @@ def measure(check: Check, label: str, dtype: str, backend, model: str, batches, 
 
 
 # ---- sections ---------------------------------------------------------------------------------
+
 
 def torch_section(check: Check, args, peak: float, reference) -> None:
     import torch
@@ -179,8 +202,11 @@ def onnx_section(check: Check, args, peak: float, reference, folder: Path | None
         check.skip('onnx on CUDA', f'onnxruntime is not installed ({e})')
         return
     if 'CUDAExecutionProvider' not in ort.get_available_providers():
-        check.skip('onnx on CUDA', f'onnxruntime {ort.__version__} has no CUDA provider '
-                   f'({", ".join(ort.get_available_providers())}); it needs onnxruntime-gpu')
+        check.skip(
+            'onnx on CUDA',
+            f'onnxruntime {ort.__version__} has no CUDA provider '
+            f'({", ".join(ort.get_available_providers())}); it needs onnxruntime-gpu',
+        )
         return
     if folder is None:
         check.skip('onnx on CUDA', 'no ONNX export')
@@ -192,7 +218,9 @@ def onnx_section(check: Check, args, peak: float, reference, folder: Path | None
         if not check.enough_time(f'onnx {dtype}', 60):
             return
         try:
-            backend = create_backend('onnx', args.model, BackendOptions(device='cuda', dtype=dtype), model_path=str(folder))
+            backend = create_backend(
+                'onnx', args.model, BackendOptions(device='cuda', dtype=dtype), model_path=str(folder)
+            )
             images, texts = embeddings(backend, pixels, ids, mask)
             check.compare('onnx', dtype, 'images', images, reference['images'])
             check.compare('onnx', dtype, 'texts', texts, reference['texts'])
@@ -206,8 +234,11 @@ def tensorrt_section(check: Check, args, peak: float, reference, folder: Path | 
     try:
         import tensorrt
     except Exception as e:
-        check.skip('tensorrt', f'`import tensorrt` failed ({e}); install it with pip install "clipserve[tensorrt]" '
-                   '(needs pypi.nvidia.com)')
+        check.skip(
+            'tensorrt',
+            f'`import tensorrt` failed ({e}); install it with pip install "clipserve[tensorrt]" '
+            '(needs pypi.nvidia.com)',
+        )
         return
     print(f'     TensorRT {tensorrt.__version__}', flush=True)
     from clipserve.backends import BackendOptions, create_backend
@@ -224,7 +255,9 @@ def tensorrt_section(check: Check, args, peak: float, reference, folder: Path | 
             pixels, ids, mask = inputs(cpu.image_size, 10)
             want = embeddings(cpu, pixels, ids, mask)
             for dtype in ('fp32', 'fp16'):
-                backend = create_backend('tensorrt', TINY, BackendOptions(dtype=dtype), model_path=str(tiny), max_batch=8)
+                backend = create_backend(
+                    'tensorrt', TINY, BackendOptions(dtype=dtype), model_path=str(tiny), max_batch=8
+                )
                 got = embeddings(backend, pixels, ids, mask)
                 check.compare('tensorrt-tiny', dtype, 'images', got[0], want[0], 1e-4 if dtype == 'fp32' else None)
                 check.compare('tensorrt-tiny', dtype, 'texts', got[1], want[1], 1e-4 if dtype == 'fp32' else None)
@@ -259,9 +292,13 @@ def tensorrt_section(check: Check, args, peak: float, reference, folder: Path | 
         return
     try:
         started = time.monotonic()
-        backend = create_backend('tensorrt', args.model, BackendOptions(dtype='fp16'), model_path=str(folder),
-                                 max_batch=max(args.batches))
-        print(f'     tensorrt {args.model}: ready in {time.monotonic() - started:.0f}s, built: {backend.built}', flush=True)
+        backend = create_backend(
+            'tensorrt', args.model, BackendOptions(dtype='fp16'), model_path=str(folder), max_batch=max(args.batches)
+        )
+        print(
+            f'     tensorrt {args.model}: ready in {time.monotonic() - started:.0f}s, built: {backend.built}',
+            flush=True,
+        )
         images, texts = embeddings(backend, *reference['inputs'])
         check.compare('tensorrt', 'fp16', 'images', images, reference['images'])
         check.compare('tensorrt', 'fp16', 'texts', texts, reference['texts'])
@@ -273,10 +310,12 @@ def tensorrt_section(check: Check, args, peak: float, reference, folder: Path | 
 
 # ---- main -------------------------------------------------------------------------------------
 
+
 def environment() -> dict:
     info = {'machine': machine()}
     try:
         import torch
+
         info['torch'] = torch.__version__
         info['torch_cuda'] = torch.version.cuda
         if torch.cuda.is_available():
@@ -287,11 +326,13 @@ def environment() -> dict:
         info['torch'] = f'not installed ({e})'
     try:
         import onnxruntime as ort
+
         info['onnxruntime'] = f'{ort.__version__} ({", ".join(ort.get_available_providers())})'
     except ImportError:
         info['onnxruntime'] = 'not installed'
     try:
         import tensorrt
+
         info['tensorrt'] = tensorrt.__version__
     except Exception as e:
         info['tensorrt'] = f'not importable ({type(e).__name__}: {e})'
@@ -303,8 +344,12 @@ def main() -> int:
     parser.add_argument('--model', default='ViT-B-32::random')
     parser.add_argument('--batches', type=int, nargs='+', default=[1, 32, 256])
     parser.add_argument('--seconds', type=float, default=1.5, help='timing per cell')
-    parser.add_argument('--budget', type=float, default=float(os.environ.get('GPU_CHECK_BUDGET', 450)),
-                        help='seconds; sections that would not fit are skipped, and say so')
+    parser.add_argument(
+        '--budget',
+        type=float,
+        default=float(os.environ.get('GPU_CHECK_BUDGET', 450)),
+        help='seconds; sections that would not fit are skipped, and say so',
+    )
     parser.add_argument('--measure-dtypes', nargs='+', default=['bf16', 'fp16'], help='torch dtypes to time')
     args = parser.parse_args()
     check = Check(args.budget)
@@ -319,8 +364,11 @@ def main() -> int:
         importlib.import_module('torch')  # the CPU reference and the export need it
         from clipserve.backends import BackendOptions, create_backend
     except ImportError as e:
-        check.skip('everything', f'torch or clipserve is not importable in this Python ({e}); '
-                   'run with the repository .venv (pip install -e ".[torch,onnx-gpu]") or set CLIPSERVE_PYTHON')
+        check.skip(
+            'everything',
+            f'torch or clipserve is not importable in this Python ({e}); '
+            'run with the repository .venv (pip install -e ".[torch,onnx-gpu]") or set CLIPSERVE_PYTHON',
+        )
         return 0
 
     print(f'\n== CPU fp32 reference: {args.model}', flush=True)
@@ -343,20 +391,42 @@ def main() -> int:
     print('\n== TensorRT', flush=True)
     tensorrt_section(check, args, peak, reference, folder)
 
-    rows = [[r['backend'], r['dtype'], r['input'], r['batch'], f"{r['items_per_s']:,.1f}",
-             f"{r.get('tflops', 0):.1f}", f"{100 * r.get('fraction_of_peak', 0):.2f}%"] for r in check.throughput]
+    rows = [
+        [
+            r['backend'],
+            r['dtype'],
+            r['input'],
+            r['batch'],
+            f'{r["items_per_s"]:,.1f}',
+            f'{r.get("tflops", 0):.1f}',
+            f'{100 * r.get("fraction_of_peak", 0):.2f}%',
+        ]
+        for r in check.throughput
+    ]
     print(f'\n== throughput ({args.model}, model only; peak {peak / 1e12:.0f} TFLOP/s)\n')
     print(markdown_table(['backend', 'dtype', 'input', 'batch', 'items/s', 'TFLOP/s', 'of peak'], rows))
     print('\n== parity (max cosine distance vs CPU fp32)\n')
-    print(markdown_table(['backend', 'dtype', 'input', 'distance', 'limit', 'ok'],
-                         [[r['backend'], r['dtype'], r['input'], f"{r['max_cosine_distance']:.2e}", r['limit'], r['ok']]
-                          for r in check.parity]))
+    print(
+        markdown_table(
+            ['backend', 'dtype', 'input', 'distance', 'limit', 'ok'],
+            [
+                [r['backend'], r['dtype'], r['input'], f'{r["max_cosine_distance"]:.2e}', r['limit'], r['ok']]
+                for r in check.parity
+            ],
+        )
+    )
     for note in check.notes:
         print(note)
     out_dir = Path(os.environ['OUT']) if os.environ.get('OUT') else Path(__file__).parent / 'results'
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {'model': args.model, 'environment': info, 'parity': check.parity, 'throughput': check.throughput,
-               'skipped': check.notes, 'failures': check.failures}
+    payload = {
+        'model': args.model,
+        'environment': info,
+        'parity': check.parity,
+        'throughput': check.throughput,
+        'skipped': check.notes,
+        'failures': check.failures,
+    }
     (out_dir / 'gpu_check.json').write_text(json.dumps(payload, indent=2, default=str))
     print(f'\nwrote {out_dir / "gpu_check.json"}')
     if check.failures:

@@ -75,19 +75,52 @@ def main() -> None:
         unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
         t_exact = ms_per_image(lambda: preprocess_bytes(data, exact))
         t_draft = ms_per_image(lambda: preprocess_bytes(data, draft))
-        rows.append({
-            'size': f'{width}x{height}', 'kb': len(data) / 1024, 'exact_ms': t_exact, 'draft_ms': t_draft,
-            'speedup': t_exact / t_draft, 'pixel_max_abs': float(np.abs(a - b).max()),
-            'pixel_mean_abs': float(np.abs(a - b).mean()), 'embedding_cosine': float(unit[0] @ unit[1]),
-        })
+        rows.append(
+            {
+                'size': f'{width}x{height}',
+                'kb': len(data) / 1024,
+                'exact_ms': t_exact,
+                'draft_ms': t_draft,
+                'speedup': t_exact / t_draft,
+                'pixel_max_abs': float(np.abs(a - b).max()),
+                'pixel_mean_abs': float(np.abs(a - b).mean()),
+                'embedding_cosine': float(unit[0] @ unit[1]),
+            }
+        )
     info = machine()
-    print(f"\n{args.model}, {info['cpu']}, load {info['load_avg']:.2f}, {info['when']}; normalised pixels "
-          f"span about 4 units (x / 255 - mean) / std\n")
-    print(markdown_table(
-        ['JPEG', 'KB', 'exact ms', 'draft ms', 'speed-up', 'pixel max |diff|', 'pixel mean |diff|', 'embedding cosine'],
-        [[r['size'], f"{r['kb']:.0f}", f"{r['exact_ms']:.1f}", f"{r['draft_ms']:.1f}", f"{r['speedup']:.1f}x",
-          f"{r['pixel_max_abs']:.3f}", f"{r['pixel_mean_abs']:.4f}", f"{r['embedding_cosine']:.5f}"] for r in rows]))
+    print(
+        f'\n{args.model}, {info["cpu"]}, load {info["load_avg"]:.2f}, {info["when"]}; normalised pixels '
+        f'span about 4 units (x / 255 - mean) / std\n'
+    )
+    print(
+        markdown_table(
+            [
+                'JPEG',
+                'KB',
+                'exact ms',
+                'draft ms',
+                'speed-up',
+                'pixel max |diff|',
+                'pixel mean |diff|',
+                'embedding cosine',
+            ],
+            [
+                [
+                    r['size'],
+                    f'{r["kb"]:.0f}',
+                    f'{r["exact_ms"]:.1f}',
+                    f'{r["draft_ms"]:.1f}',
+                    f'{r["speedup"]:.1f}x',
+                    f'{r["pixel_max_abs"]:.3f}',
+                    f'{r["pixel_mean_abs"]:.4f}',
+                    f'{r["embedding_cosine"]:.5f}',
+                ]
+                for r in rows
+            ],
+        )
+    )
     path = save('jpeg_draft', {'model': args.model, 'machine': info, 'rows': rows})
+
     def draw(ax):
         x = np.arange(len(rows))
         ax.bar(x - 0.2, [r['exact_ms'] for r in rows], 0.4, label='exact (open_clip)')

@@ -63,19 +63,30 @@ def main() -> None:
             theirs = reference(Image.open(io.BytesIO(data))).numpy()
             e_ours = backend.encode_images(ours[None])
             e_theirs = backend.model.encode_image(torch.from_numpy(theirs)[None]).numpy()
-            rows.append({'input': kind, 'preprocess_max_abs': float(np.abs(ours - theirs).max()),
-                         'embedding_max_abs': float(np.abs(e_ours - e_theirs).max())})
+            rows.append(
+                {
+                    'input': kind,
+                    'preprocess_max_abs': float(np.abs(ours - theirs).max()),
+                    'embedding_max_abs': float(np.abs(e_ours - e_theirs).max()),
+                }
+            )
         texts = ['a photo of a dog', 'Ünïcode, emoji 🐶 and &amp; entities', 'word ' * 100, '']
         ours = backend.encode_texts(Tokenizer(backend.context_length)(texts).input_ids)
         theirs = backend.model.encode_text(open_clip.tokenize(texts, backend.context_length)).numpy()
-        rows.append({'input': f'{len(texts)} texts', 'preprocess_max_abs': 0.0 if np.array_equal(
-            Tokenizer(backend.context_length)(texts).input_ids, open_clip.tokenize(texts).numpy()) else float('nan'),
-            'embedding_max_abs': float(np.abs(ours - theirs).max())})
+        rows.append(
+            {
+                'input': f'{len(texts)} texts',
+                'preprocess_max_abs': 0.0
+                if np.array_equal(Tokenizer(backend.context_length)(texts).input_ids, open_clip.tokenize(texts).numpy())
+                else float('nan'),
+                'embedding_max_abs': float(np.abs(ours - theirs).max()),
+            }
+        )
 
     print(f'\nparity with open_clip {open_clip.__version__}, model {backend.model_name}, torch {torch.__version__}\n')
     print('| input | preprocess max abs diff | embedding max abs diff |\n|---|---|---|')
     for r in rows:
-        print(f"| {r['input']} | {r['preprocess_max_abs']:.2e} | {r['embedding_max_abs']:.2e} |")
+        print(f'| {r["input"]} | {r["preprocess_max_abs"]:.2e} | {r["embedding_max_abs"]:.2e} |')
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({'model': backend.model_name, 'when': time.strftime('%Y-%m-%d'), 'rows': rows}, indent=2))

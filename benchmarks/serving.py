@@ -30,10 +30,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import bracketed, items_per_second, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
 
-SHORT = 'a photo of a small brown dog running on the beach'       # ~10 words
-LONG = ('a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
-        'reflecting the lights, people with umbrellas walking past shops, cars waiting at a red light, '
-        'and a cyclist in a yellow jacket')
+SHORT = 'a photo of a small brown dog running on the beach'  # ~10 words
+LONG = (
+    'a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
+    'reflecting the lights, people with umbrellas walking past shops, cars waiting at a red light, '
+    'and a cyclist in a yellow jacket'
+)
 
 
 def gemm_peak(seconds: float = 2.0) -> float:
@@ -41,19 +43,20 @@ def gemm_peak(seconds: float = 2.0) -> float:
     import torch
 
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return items_per_second(lambda: a @ b, 2 * 2048 ** 3, min_seconds=seconds)
+    return items_per_second(lambda: a @ b, 2 * 2048**3, min_seconds=seconds)
 
 
 def vit_flops(width: int, layers: int, tokens: int, patch_flops: float = 0.0, proj: float = 0.0) -> float:
     """2·L·N·12·d² (projections and MLP) + 4·L·N²·d (attention) + extras: a transformer's forward FLOPs."""
-    return 2 * layers * tokens * 12 * width ** 2 + 4 * layers * tokens ** 2 * width + patch_flops + proj
+    return 2 * layers * tokens * 12 * width**2 + 4 * layers * tokens**2 * width + patch_flops + proj
 
 
 def model_flops(cfg: dict, text_tokens: int) -> tuple[float, float]:
     v, t, dim = cfg['vision_cfg'], cfg['text_cfg'], cfg['embed_dim']
     grid = (v['image_size'] // v['patch_size']) ** 2
-    image = vit_flops(v['width'], v['layers'], grid + 1, 2 * grid * 3 * v['patch_size'] ** 2 * v['width'],
-                      2 * v['width'] * dim)
+    image = vit_flops(
+        v['width'], v['layers'], grid + 1, 2 * grid * 3 * v['patch_size'] ** 2 * v['width'], 2 * v['width'] * dim
+    )
     text = vit_flops(t['width'], t['layers'], text_tokens, 0, 2 * t['width'] * dim)
     return image, text
 
@@ -153,8 +156,14 @@ def main() -> None:
     tokenizer = Tokenizer()
     short_len, long_len = int(tokenizer([SHORT]).lengths[0]), int(tokenizer([LONG]).lengths[0])
     workloads = {
-        'short texts': (lambda n: DocumentArray([Document(text=SHORT) for _ in range(n)]), model_flops(cfg, short_len)[1]),
-        'long captions': (lambda n: DocumentArray([Document(text=LONG) for _ in range(n)]), model_flops(cfg, long_len)[1]),
+        'short texts': (
+            lambda n: DocumentArray([Document(text=SHORT) for _ in range(n)]),
+            model_flops(cfg, short_len)[1],
+        ),
+        'long captions': (
+            lambda n: DocumentArray([Document(text=LONG) for _ in range(n)]),
+            model_flops(cfg, long_len)[1],
+        ),
         'images 640x480': (lambda n: DocumentArray([Document(blob=jpeg) for _ in range(n)]), model_flops(cfg, 0)[0]),
     }
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-bench-')  # removed when the script ends
@@ -166,20 +175,25 @@ def main() -> None:
     batch = 8
     for backend_name in args.backends:
         options = BackendOptions(device='cpu')
-        backend = create_backend(backend_name, args.model, options, model_path=onnx_dir if backend_name == 'onnx' else None)
+        backend = create_backend(
+            backend_name, args.model, options, model_path=onnx_dir if backend_name == 'onnx' else None
+        )
         model_only = {
             'short texts': lambda: backend.encode_texts(tokenizer([SHORT] * batch).input_ids),
             'long captions': lambda: backend.encode_texts(tokenizer([LONG] * batch).input_ids),
             # includes decoding and preprocessing, as the server does
-            'images 640x480': lambda: backend.encode_images(np.stack([preprocess_bytes(jpeg, backend.preprocess)
-                                                                      for _ in range(batch)])),
+            'images 640x480': lambda: backend.encode_images(
+                np.stack([preprocess_bytes(jpeg, backend.preprocess) for _ in range(batch)])
+            ),
         }
         if backend_name == 'torch':
             full = tokenizer([SHORT] * batch)
             untrimmed = type(backend)(args.model, options, trim_padding=False)
             speedup, trim = bracketed(
                 lambda: sustained_rate(lambda: untrimmed.encode_texts(full.input_ids), batch, args.seconds),
-                {'trimmed': lambda: sustained_rate(model_only['short texts'], batch, args.seconds)}, args.rounds)
+                {'trimmed': lambda: sustained_rate(model_only['short texts'], batch, args.seconds)},
+                args.rounds,
+            )
             results['extra']['short_text_trim_speedup'] = speedup['trimmed']
             results['extra']['short_text_untrimmed_per_s'] = trim['baseline']
             del untrimmed
@@ -195,18 +209,29 @@ def main() -> None:
             ready = time.perf_counter() - started
             for name, (docs_fn, flops) in workloads.items():
                 gemm_samples.append(gemm_peak(1.0))
-                ratios, rates = bracketed(lambda: sustained_rate(model_only[name], batch, args.seconds), {
-                    1: lambda: served(port, docs_fn, 1, batch, args.seconds),
-                    4: lambda: served(port, docs_fn, 4, batch, args.seconds),
-                }, args.rounds)
-                results['rows'].append({
-                    'backend': backend_name, 'workload': name, 'model_only': rates['baseline'],
-                    'flow_1_client': rates[1], 'flow_4_clients': rates[4],
-                    'overhead_ratio_1': ratios[1], 'overhead_ratio_4': ratios[4],
-                    'model_flops_per_s': rates['baseline'] * flops,
-                })
-            replica = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
-                                                              return_responses=True)
+                ratios, rates = bracketed(
+                    lambda: sustained_rate(model_only[name], batch, args.seconds),
+                    {
+                        1: lambda: served(port, docs_fn, 1, batch, args.seconds),
+                        4: lambda: served(port, docs_fn, 4, batch, args.seconds),
+                    },
+                    args.rounds,
+                )
+                results['rows'].append(
+                    {
+                        'backend': backend_name,
+                        'workload': name,
+                        'model_only': rates['baseline'],
+                        'flow_1_client': rates[1],
+                        'flow_4_clients': rates[4],
+                        'overhead_ratio_1': ratios[1],
+                        'overhead_ratio_4': ratios[4],
+                        'model_flops_per_s': rates['baseline'] * flops,
+                    }
+                )
+            replica = Client(host='127.0.0.1', port=port).post(
+                '/clipserve/info', DocumentArray([Document()]), return_responses=True
+            )
             pid = int(next(iter(replica[0].parameters['__results__'].values()))['pid'])
             results['extra'][f'{backend_name}_peak_rss_mb'] = rss_peak_mb(pid)
             results['extra'][f'{backend_name}_start_to_ready_s'] = ready
@@ -216,11 +241,21 @@ def main() -> None:
     # Flows up at once so the two can be measured in turn
     single = workloads['short texts'][0]
     ports = {'on': free_port(), 'off': free_port()}
-    flows = [Flow(port=ports[key]).add(uses=CLIPEncoder, uses_with={'name': args.model, 'batch_requests': key == 'on'},
-                                       allow_concurrent=True, timeout_ready=-1) for key in ports]
+    flows = [
+        Flow(port=ports[key]).add(
+            uses=CLIPEncoder,
+            uses_with={'name': args.model, 'batch_requests': key == 'on'},
+            allow_concurrent=True,
+            timeout_ready=-1,
+        )
+        for key in ports
+    ]
     with flows[0], flows[1]:
-        speedup, rates = bracketed(lambda: served(ports['off'], single, 16, 1, args.seconds),
-                                   {'on': lambda: served(ports['on'], single, 16, 1, args.seconds)}, args.rounds)
+        speedup, rates = bracketed(
+            lambda: served(ports['off'], single, 16, 1, args.seconds),
+            {'on': lambda: served(ports['on'], single, 16, 1, args.seconds)},
+            args.rounds,
+        )
     results['extra']['batching_on_16_clients_per_s'] = rates['on']
     results['extra']['batching_off_16_clients_per_s'] = rates['baseline']
     results['extra']['batching_speedup'] = speedup['on']
@@ -230,21 +265,45 @@ def main() -> None:
     results['gemm_samples_gflops'] = [g / 1e9 for g in gemm_samples]
     for row in results['rows']:
         row['peak_fraction'] = row['model_flops_per_s'] / peak
-    print(f"\n{args.model}, {info['cpu']}, {info['cores']} cores, load {info['load_avg']:.2f}, {info['when']}; "
-          f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s (best of {len(gemm_samples)} samples, lowest "
-          f"{min(gemm_samples) / 1e9:.0f}); batches of {batch}\n")
-    print(markdown_table(
-        ['backend', 'workload', 'model-only /s', 'Flow 1 client /s', 'Flow 4 clients /s', 'Flow(1) / model',
-         'Flow(4) / model', '% of GEMM peak'],
-        [[r['backend'], r['workload'], f"{r['model_only']:.1f}", f"{r['flow_1_client']:.1f}", f"{r['flow_4_clients']:.1f}",
-          f"{r['overhead_ratio_1']:.2f}", f"{r['overhead_ratio_4']:.2f}", f"{100 * r['peak_fraction']:.0f}%"]
-         for r in results['rows']]))
-    print('(rates: medians over the rounds; ratios: medians of each round\'s bracketed ratio)')
+    print(
+        f'\n{args.model}, {info["cpu"]}, {info["cores"]} cores, load {info["load_avg"]:.2f}, {info["when"]}; '
+        f'fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s (best of {len(gemm_samples)} samples, lowest '
+        f'{min(gemm_samples) / 1e9:.0f}); batches of {batch}\n'
+    )
+    print(
+        markdown_table(
+            [
+                'backend',
+                'workload',
+                'model-only /s',
+                'Flow 1 client /s',
+                'Flow 4 clients /s',
+                'Flow(1) / model',
+                'Flow(4) / model',
+                '% of GEMM peak',
+            ],
+            [
+                [
+                    r['backend'],
+                    r['workload'],
+                    f'{r["model_only"]:.1f}',
+                    f'{r["flow_1_client"]:.1f}',
+                    f'{r["flow_4_clients"]:.1f}',
+                    f'{r["overhead_ratio_1"]:.2f}',
+                    f'{r["overhead_ratio_4"]:.2f}',
+                    f'{100 * r["peak_fraction"]:.0f}%',
+                ]
+                for r in results['rows']
+            ],
+        )
+    )
+    print("(rates: medians over the rounds; ratios: medians of each round's bracketed ratio)")
     print()
     print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
     path = save('serving', results)
+
     def draw(ax):
-        labels = [f"{r['backend']}\n{r['workload']}" for r in results['rows']]
+        labels = [f'{r["backend"]}\n{r["workload"]}' for r in results['rows']]
         x = np.arange(len(labels))
         for offset, key in ((-0.27, 'model_only'), (0, 'flow_1_client'), (0.27, 'flow_4_clients')):
             ax.bar(x + offset, [r[key] for r in results['rows']], 0.27, label=key.replace('_', ' '))

@@ -41,8 +41,9 @@ def main() -> None:
     jpeg = buf.getvalue()
 
     def docs(i, n):
-        return DocumentArray([Document(id=f'{i}-{n}-t', text=f'client {i} request {n}'),
-                              Document(id=f'{i}-{n}-i', blob=jpeg)])
+        return DocumentArray(
+            [Document(id=f'{i}-{n}-t', text=f'client {i} request {n}'), Document(id=f'{i}-{n}-i', blob=jpeg)]
+        )
 
     def check(sent, got):
         assert [d.id for d in got] == [d.id for d in sent] and all(d.embedding is not None for d in got)
@@ -54,12 +55,21 @@ def main() -> None:
         before = rss_mb(pid)
         report = soak(flow.port, args.clients, args.requests, docs, check)
         after = rss_mb(pid)
-    report.update(rss_after_warmup_mb=before, rss_end_mb=after, growth=after / before - 1, model=args.model,
-                  machine=machine(), error_samples=report['errors'][:5], errors=len(report['errors']))
-    print(f"{report['requests']} requests ({args.clients} clients) in {report['seconds']:.0f} s: "
-          f"{report['errors']} errors, p50 {report['p50_ms']:.0f} ms, p99 {report['p99_ms']:.0f} ms, "
-          f"RSS {before:.0f} -> {after:.0f} MB ({100 * report['growth']:+.1f} %)")
-    print(f"wrote {save('soak', report)}")
+    report.update(
+        rss_after_warmup_mb=before,
+        rss_end_mb=after,
+        growth=after / before - 1,
+        model=args.model,
+        machine=machine(),
+        error_samples=report['errors'][:5],
+        errors=len(report['errors']),
+    )
+    print(
+        f'{report["requests"]} requests ({args.clients} clients) in {report["seconds"]:.0f} s: '
+        f'{report["errors"]} errors, p50 {report["p50_ms"]:.0f} ms, p99 {report["p99_ms"]:.0f} ms, '
+        f'RSS {before:.0f} -> {after:.0f} MB ({100 * report["growth"]:+.1f} %)'
+    )
+    print(f'wrote {save("soak", report)}')
 
 
 if __name__ == '__main__':

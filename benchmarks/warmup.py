@@ -24,7 +24,8 @@ from common import machine, markdown_table, save, save_plot  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 REQUESTS = 4
 
-CHILD = '''
+CHILD = (
+    """
 import json, sys, time
 import numpy as np
 from docarray import Document, DocumentArray
@@ -43,12 +44,19 @@ for _ in range(%d):
     encoder.encode(docs)
     latencies.append(time.perf_counter() - started)
 print(json.dumps({'warmup_seconds': encoder.warmup_seconds, 'latencies': latencies}))
-''' % REQUESTS
+"""
+    % REQUESTS
+)
 
 
 def measure(model: str, backend: str, warm: bool) -> dict:
-    result = subprocess.run([sys.executable, '-c', CHILD, model, backend, '1' if warm else '0'],
-                            capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, '-c', CHILD, model, backend, '1' if warm else '0'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
     if result.returncode != 0:
         raise SystemExit(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -67,14 +75,24 @@ def main() -> None:
     rows = []
     for label, measured in runs.items():
         latencies = np.array([m['latencies'] for m in measured]) * 1000  # rounds x requests, ms
-        rows.append({'variant': label, 'warmup_ms': float(np.median([m['warmup_seconds'] for m in measured]) * 1000),
-                     'request_ms': [float(v) for v in np.median(latencies, axis=0)]})
+        rows.append(
+            {
+                'variant': label,
+                'warmup_ms': float(np.median([m['warmup_seconds'] for m in measured]) * 1000),
+                'request_ms': [float(v) for v in np.median(latencies, axis=0)],
+            }
+        )
     info = machine()
-    print(f"\n{args.model} on {args.backend}, {info['cpu']}, load {info['load_avg']:.2f}, {info['when']}; "
-          f'median of {args.rounds} fresh processes each\n')
-    print(markdown_table(['', 'warm-up ms'] + [f'request {i + 1} ms' for i in range(REQUESTS)],
-                         [[r['variant'], f"{r['warmup_ms']:.0f}"] + [f'{v:.0f}' for v in r['request_ms']]
-                          for r in rows]))
+    print(
+        f'\n{args.model} on {args.backend}, {info["cpu"]}, load {info["load_avg"]:.2f}, {info["when"]}; '
+        f'median of {args.rounds} fresh processes each\n'
+    )
+    print(
+        markdown_table(
+            ['', 'warm-up ms'] + [f'request {i + 1} ms' for i in range(REQUESTS)],
+            [[r['variant'], f'{r["warmup_ms"]:.0f}'] + [f'{v:.0f}' for v in r['request_ms']] for r in rows],
+        )
+    )
     path = save('warmup', {'model': args.model, 'backend': args.backend, 'machine': info, 'rows': rows})
 
     def draw(ax):

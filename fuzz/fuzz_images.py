@@ -53,8 +53,12 @@ def test_one(data: bytes) -> None:
         raw = fdp.ConsumeBytes(fdp.remaining_bytes())
         count = int(np.prod(dims)) if dims else 1
         itemsize = np.dtype(dtype).itemsize
-        buffer = (raw * (count * itemsize // max(len(raw), 1) + 1))[:count * itemsize] if raw else b'\0' * count * itemsize
-        array = np.frombuffer(buffer, dtype=dtype).reshape(dims) if dims else np.frombuffer(buffer[:itemsize], dtype=dtype)
+        buffer = (
+            (raw * (count * itemsize // max(len(raw), 1) + 1))[: count * itemsize] if raw else b'\0' * count * itemsize
+        )
+        array = (
+            np.frombuffer(buffer, dtype=dtype).reshape(dims) if dims else np.frombuffer(buffer[:itemsize], dtype=dtype)
+        )
         try:
             check(preprocess_image(image_from_array(array, CONFIG), CONFIG))
         except ImageError:

@@ -13,9 +13,15 @@ def main(out: Path) -> None:
     rng = np.random.default_rng(0)
     rgb = Image.fromarray(rng.integers(0, 255, (6, 9, 3), dtype=np.uint8))
     variants = {
-        'rgb.png': (rgb, 'PNG'), 'rgb.jpg': (rgb, 'JPEG'), 'rgb.webp': (rgb, 'WEBP'), 'rgb.bmp': (rgb, 'BMP'),
-        'rgb.tiff': (rgb, 'TIFF'), 'rgba.png': (rgb.convert('RGBA'), 'PNG'), 'l.png': (rgb.convert('L'), 'PNG'),
-        'p.gif': (rgb.convert('P'), 'GIF'), 'cmyk.jpg': (rgb.convert('CMYK'), 'JPEG'),
+        'rgb.png': (rgb, 'PNG'),
+        'rgb.jpg': (rgb, 'JPEG'),
+        'rgb.webp': (rgb, 'WEBP'),
+        'rgb.bmp': (rgb, 'BMP'),
+        'rgb.tiff': (rgb, 'TIFF'),
+        'rgba.png': (rgb.convert('RGBA'), 'PNG'),
+        'l.png': (rgb.convert('L'), 'PNG'),
+        'p.gif': (rgb.convert('P'), 'GIF'),
+        'cmyk.jpg': (rgb.convert('CMYK'), 'JPEG'),
         'i16.png': (Image.fromarray(rng.integers(0, 65535, (5, 7), dtype=np.uint16)), 'PNG'),
         'one.png': (rgb.convert('1'), 'PNG'),
     }

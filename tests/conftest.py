@@ -27,9 +27,28 @@ def certificate(tmp_path_factory):
     import subprocess
 
     folder = tmp_path_factory.mktemp('tls')
-    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(folder / 'key.pem'),
-                    '-out', str(folder / 'cert.pem'), '-days', '2', '-subj', '/CN=localhost',
-                    '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1'], check=True, capture_output=True)
+    subprocess.run(
+        [
+            'openssl',
+            'req',
+            '-x509',
+            '-newkey',
+            'rsa:2048',
+            '-nodes',
+            '-keyout',
+            str(folder / 'key.pem'),
+            '-out',
+            str(folder / 'cert.pem'),
+            '-days',
+            '2',
+            '-subj',
+            '/CN=localhost',
+            '-addext',
+            'subjectAltName=DNS:localhost,IP:127.0.0.1',
+        ],
+        check=True,
+        capture_output=True,
+    )
     return folder / 'cert.pem', folder / 'key.pem'
 
 
@@ -41,7 +60,11 @@ def tls_flow(certificate, tmp_path_factory):
     protocols = ['grpc', 'http', 'websocket']
     ports = [free_port() for _ in protocols]
     cert, key = certificate
-    flow = flow_from_yaml('tls.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
-                          {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_TLS_CERT': str(cert), 'CLIPSERVE_TLS_KEY': str(key)})
+    flow = flow_from_yaml(
+        'tls.yml',
+        tmp_path_factory.mktemp('flows'),
+        lambda c: set_port(c, ports),
+        {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_TLS_CERT': str(cert), 'CLIPSERVE_TLS_KEY': str(key)},
+    )
     with flow:
         yield dict(zip(protocols, ports))

@@ -21,8 +21,9 @@ def replica_pids(port: int) -> list[int]:
     from docarray import Document, DocumentArray
     from jina import Client
 
-    responses = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
-                                                         return_responses=True)
+    responses = Client(host='127.0.0.1', port=port).post(
+        '/clipserve/info', DocumentArray([Document()]), return_responses=True
+    )
     return [int(v['pid']) for v in responses[0].parameters['__results__'].values()]
 
 
@@ -53,5 +54,10 @@ def soak(port: int, clients: int, requests_per_client: int, make_docs, check) ->
     [t.join() for t in threads]
     elapsed = time.perf_counter() - started
     lat = np.array(latencies) if latencies else np.array([float('nan')])
-    return {'requests': clients * requests_per_client, 'errors': errors, 'seconds': elapsed,
-            'p50_ms': float(np.percentile(lat, 50) * 1000), 'p99_ms': float(np.percentile(lat, 99) * 1000)}
+    return {
+        'requests': clients * requests_per_client,
+        'errors': errors,
+        'seconds': elapsed,
+        'p50_ms': float(np.percentile(lat, 50) * 1000),
+        'p99_ms': float(np.percentile(lat, 99) * 1000),
+    }

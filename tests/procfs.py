@@ -26,7 +26,7 @@ def _address(hex_address: str) -> Address:
     if len(raw) == 4:
         return ipaddress.IPv4Address(raw[::-1])
     # IPv6 is four little-endian 32-bit words
-    return ipaddress.IPv6Address(b''.join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+    return ipaddress.IPv6Address(b''.join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
 def _rows():
@@ -42,8 +42,11 @@ def _rows():
 def listening(pids: set[int]) -> list[tuple[Address, int, int]]:
     """(address, port, pid) of every listening TCP socket the processes `pids` hold."""
     owner = {inode: pid for pid in pids for inode in socket_inodes(pid)}
-    return [(address, port, owner[inode]) for address, port, state, _, inode in _rows()
-            if state == LISTEN and inode in owner]
+    return [
+        (address, port, owner[inode])
+        for address, port, state, _, inode in _rows()
+        if state == LISTEN and inode in owner
+    ]
 
 
 def descendants(pid: int) -> set[int]:

@@ -47,8 +47,10 @@ def parse_address(server: str) -> Address:
     parsed = urlparse(server.strip())
     scheme = parsed.scheme.lower()
     if scheme not in _SCHEMES:
-        raise ValueError(f'{server!r} is not a valid server address: the scheme must be one of '
-                         f'{", ".join(_SCHEMES)} (e.g. "grpc://127.0.0.1:51000")')
+        raise ValueError(
+            f'{server!r} is not a valid server address: the scheme must be one of '
+            f'{", ".join(_SCHEMES)} (e.g. "grpc://127.0.0.1:51000")'
+        )
     protocol, tls = _SCHEMES[scheme]
     try:
         port = parsed.port
@@ -57,8 +59,10 @@ def parse_address(server: str) -> Address:
     if not parsed.hostname:
         raise ValueError(f'{server!r} is not a valid server address: no host')
     if parsed.path not in ('', '/') or parsed.query or parsed.fragment:
-        raise ValueError(f'{server!r} is not a valid server address: Jina gateways serve at the root, '
-                         'so give only scheme://host:port')
+        raise ValueError(
+            f'{server!r} is not a valid server address: Jina gateways serve at the root, '
+            'so give only scheme://host:port'
+        )
     if port is None:
         if protocol == 'grpc' and not tls:
             raise ValueError(f'{server!r} has no port (clipserve Flows listen on 51000 by default)')

@@ -20,8 +20,15 @@ class AnswerHandler:
     A failed answer raises ServerError unless `on_error` is given. Callbacks see the caller's ids.
     """
 
-    def __init__(self, method: Method, results: Results, progress: ProgressBar,
-                 on_done: Callback, on_error: Callback, on_always: Callback):
+    def __init__(
+        self,
+        method: Method,
+        results: Results,
+        progress: ProgressBar,
+        on_done: Callback,
+        on_error: Callback,
+        on_always: Callback,
+    ):
         self.method, self.results, self.progress = method, results, progress
         self.on_done, self.on_error, self.on_always = on_done, on_error, on_always
 

@@ -55,9 +55,18 @@ class Client:
     Calls are safe from several threads at once: each call opens its own connection.
     """
 
-    def __init__(self, server: str, credential: Optional[dict] = None, *, ca_file: str | Path | None = None,
-                 timeout: Optional[float] = None, retries: int = 3, backoff: float = 0.5,
-                 fetch_timeout: float = 10.0, max_fetch_bytes: int = 20 * 2**20):
+    def __init__(
+        self,
+        server: str,
+        credential: Optional[dict] = None,
+        *,
+        ca_file: str | Path | None = None,
+        timeout: Optional[float] = None,
+        retries: int = 3,
+        backoff: float = 0.5,
+        fetch_timeout: float = 10.0,
+        max_fetch_bytes: int = 20 * 2**20,
+    ):
         self._address = parse_address(server)
         if ca_file is not None and not self._address.tls:
             raise ValueError(f'ca_file is for TLS; use grpcs://, https:// or wss:// instead of {self._address}')
@@ -79,9 +88,19 @@ class Client:
 
     # ---- the calls ---------------------------------------------------------------------------
 
-    def encode(self, content: Iterable, *, batch_size: Optional[int] = None, show_progress: bool = False,
-               parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-               on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    def encode(
+        self,
+        content: Iterable,
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """Embed texts and images.
 
         :param content: an iterable of str, bytes, pathlib.Path, numpy HxWxC arrays, PIL images or Documents
@@ -100,79 +119,230 @@ class Client:
             order; for Documents, a DocumentArray of the same Document objects with ``.embedding`` set;
             None when ``on_done`` or ``on_always`` is given (the answers go to the callbacks only).
         """
-        return run_sync(self.aencode(content, batch_size=batch_size, show_progress=show_progress,
-                                     parameters=parameters, on_done=on_done, on_error=on_error,
-                                     on_always=on_always, prefetch=prefetch, timeout=timeout))
+        return run_sync(
+            self.aencode(
+                content,
+                batch_size=batch_size,
+                show_progress=show_progress,
+                parameters=parameters,
+                on_done=on_done,
+                on_error=on_error,
+                on_always=on_always,
+                prefetch=prefetch,
+                timeout=timeout,
+            )
+        )
 
-    async def aencode(self, content: Iterable, *, batch_size: Optional[int] = None, show_progress: bool = False,
-                      parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-                      on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    async def aencode(
+        self,
+        content: Iterable,
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """`encode`, awaitable."""
-        return await self._call(Encode(), content, None, batch_size=batch_size, show_progress=show_progress,
-                                parameters=parameters, on_done=on_done, on_error=on_error, on_always=on_always,
-                                prefetch=prefetch, timeout=timeout)
+        return await self._call(
+            Encode(),
+            content,
+            None,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            parameters=parameters,
+            on_done=on_done,
+            on_error=on_error,
+            on_always=on_always,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
 
-    def rank(self, docs: Iterable[Document], *, batch_size: Optional[int] = None, show_progress: bool = False,
-             parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-             on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    def rank(
+        self,
+        docs: Iterable[Document],
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """Score each Document's ``.matches`` against it (``scores['clip_score']``, ``['clip_score_cosine']``).
 
         :return: a DocumentArray of the same Document objects, each with its own match objects
             re-ordered by ``clip_score``, descending, and scored.
         """
-        return run_sync(self.arank(docs, batch_size=batch_size, show_progress=show_progress, parameters=parameters,
-                                   on_done=on_done, on_error=on_error, on_always=on_always, prefetch=prefetch,
-                                   timeout=timeout))
+        return run_sync(
+            self.arank(
+                docs,
+                batch_size=batch_size,
+                show_progress=show_progress,
+                parameters=parameters,
+                on_done=on_done,
+                on_error=on_error,
+                on_always=on_always,
+                prefetch=prefetch,
+                timeout=timeout,
+            )
+        )
 
-    async def arank(self, docs: Iterable[Document], *, batch_size: Optional[int] = None, show_progress: bool = False,
-                    parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-                    on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    async def arank(
+        self,
+        docs: Iterable[Document],
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """`rank`, awaitable."""
-        return await self._call(Rank(), docs, True, batch_size=batch_size, show_progress=show_progress,
-                                parameters=parameters, on_done=on_done, on_error=on_error, on_always=on_always,
-                                prefetch=prefetch, timeout=timeout)
+        return await self._call(
+            Rank(),
+            docs,
+            True,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            parameters=parameters,
+            on_done=on_done,
+            on_error=on_error,
+            on_always=on_always,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
 
-    def index(self, content: Iterable, *, batch_size: Optional[int] = None, show_progress: bool = False,
-              parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-              on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    def index(
+        self,
+        content: Iterable,
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """Send documents to ``/index`` (the Flow needs an indexer). Ids are kept and must be unique.
 
         :return: a DocumentArray (the same objects for Document inputs) with ``.embedding`` set.
         """
-        return run_sync(self.aindex(content, batch_size=batch_size, show_progress=show_progress,
-                                    parameters=parameters, on_done=on_done, on_error=on_error,
-                                    on_always=on_always, prefetch=prefetch, timeout=timeout))
+        return run_sync(
+            self.aindex(
+                content,
+                batch_size=batch_size,
+                show_progress=show_progress,
+                parameters=parameters,
+                on_done=on_done,
+                on_error=on_error,
+                on_always=on_always,
+                prefetch=prefetch,
+                timeout=timeout,
+            )
+        )
 
-    async def aindex(self, content: Iterable, *, batch_size: Optional[int] = None, show_progress: bool = False,
-                     parameters: Optional[dict] = None, on_done: Callback = None, on_error: Callback = None,
-                     on_always: Callback = None, prefetch: int = 100, timeout=_CLIENT_DEFAULT):
+    async def aindex(
+        self,
+        content: Iterable,
+        *,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """`index`, awaitable."""
-        return await self._call(Index(), content, True, batch_size=batch_size, show_progress=show_progress,
-                                parameters=parameters, on_done=on_done, on_error=on_error, on_always=on_always,
-                                prefetch=prefetch, timeout=timeout)
+        return await self._call(
+            Index(),
+            content,
+            True,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            parameters=parameters,
+            on_done=on_done,
+            on_error=on_error,
+            on_always=on_always,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
 
-    def search(self, content: Iterable, *, limit: int = 10, batch_size: Optional[int] = None,
-               show_progress: bool = False, parameters: Optional[dict] = None, on_done: Callback = None,
-               on_error: Callback = None, on_always: Callback = None, prefetch: int = 100,
-               timeout=_CLIENT_DEFAULT):
+    def search(
+        self,
+        content: Iterable,
+        *,
+        limit: int = 10,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """Send queries to ``/search`` with ``parameters['limit']`` (the Flow needs an indexer).
 
         :return: a DocumentArray of the queries (the same objects for Document inputs) with the
             server's ``.matches``.
         """
-        return run_sync(self.asearch(content, limit=limit, batch_size=batch_size, show_progress=show_progress,
-                                     parameters=parameters, on_done=on_done, on_error=on_error,
-                                     on_always=on_always, prefetch=prefetch, timeout=timeout))
+        return run_sync(
+            self.asearch(
+                content,
+                limit=limit,
+                batch_size=batch_size,
+                show_progress=show_progress,
+                parameters=parameters,
+                on_done=on_done,
+                on_error=on_error,
+                on_always=on_always,
+                prefetch=prefetch,
+                timeout=timeout,
+            )
+        )
 
-    async def asearch(self, content: Iterable, *, limit: int = 10, batch_size: Optional[int] = None,
-                      show_progress: bool = False, parameters: Optional[dict] = None, on_done: Callback = None,
-                      on_error: Callback = None, on_always: Callback = None, prefetch: int = 100,
-                      timeout=_CLIENT_DEFAULT):
+    async def asearch(
+        self,
+        content: Iterable,
+        *,
+        limit: int = 10,
+        batch_size: Optional[int] = None,
+        show_progress: bool = False,
+        parameters: Optional[dict] = None,
+        on_done: Callback = None,
+        on_error: Callback = None,
+        on_always: Callback = None,
+        prefetch: int = 100,
+        timeout=_CLIENT_DEFAULT,
+    ):
         """`search`, awaitable."""
         parameters = {**(parameters or {}), 'limit': limit}
-        return await self._call(Search(), content, True, batch_size=batch_size, show_progress=show_progress,
-                                parameters=parameters, on_done=on_done, on_error=on_error, on_always=on_always,
-                                prefetch=prefetch, timeout=timeout)
+        return await self._call(
+            Search(),
+            content,
+            True,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            parameters=parameters,
+            on_done=on_done,
+            on_error=on_error,
+            on_always=on_always,
+            prefetch=prefetch,
+            timeout=timeout,
+        )
 
     def profile(self, content='', *, show: bool = True) -> dict[str, float]:
         """Time one round trip of `content` (by default an empty Document: network only) through the Flow.
@@ -190,8 +360,21 @@ class Client:
 
     # ---- how a call runs ---------------------------------------------------------------------
 
-    async def _call(self, method: Method, content, as_documents: Optional[bool], *, batch_size, show_progress,
-                    parameters, on_done, on_error, on_always, prefetch, timeout):
+    async def _call(
+        self,
+        method: Method,
+        content,
+        as_documents: Optional[bool],
+        *,
+        batch_size,
+        show_progress,
+        parameters,
+        on_done,
+        on_error,
+        on_always,
+        prefetch,
+        timeout,
+    ):
         """Stream `content` through `method`; `as_documents=None`: Documents in, Documents out."""
         _check_content(content, method.name)
         batch_size = 8 if batch_size is None else batch_size
@@ -209,14 +392,27 @@ class Client:
         results = Results(as_documents, keep=on_done is None and on_always is None)
         progress = ProgressBar(method.name, len(content) if hasattr(content, '__len__') else None, show_progress)
         on_answer = AnswerHandler(method, results, progress, on_done, on_error, on_always)
-        batches = make_batches(chain([first], values), method, endpoint=endpoint, parameters=parameters,
-                               batch_size=batch_size, loader=self._loader, as_documents=as_documents)
+        batches = make_batches(
+            chain([first], values),
+            method,
+            endpoint=endpoint,
+            parameters=parameters,
+            batch_size=batch_size,
+            loader=self._loader,
+            as_documents=as_documents,
+        )
 
         async def stream():
             with progress:
                 async with self._transport() as transport:
-                    await run_batches(transport, batches, prefetch=prefetch, retry=self._retry,
-                                      on_batch=lambda batch: results.add(batch.items), on_answer=on_answer)
+                    await run_batches(
+                        transport,
+                        batches,
+                        prefetch=prefetch,
+                        retry=self._retry,
+                        on_batch=lambda batch: results.add(batch.items),
+                        on_answer=on_answer,
+                    )
 
         await self._within(stream(), timeout, method.name)
         return results.value()
@@ -245,12 +441,18 @@ class Client:
             return route.end_time.ToMilliseconds() - route.start_time.ToMilliseconds()
 
         server, model = span(routes[0]), span(routes[1])
-        return {'Roundtrip': roundtrip, 'Client-server network': roundtrip - server, 'Server': server,
-                'Gateway-CLIP network': server - model, 'CLIP model': model}
+        return {
+            'Roundtrip': roundtrip,
+            'Client-server network': roundtrip - server,
+            'Server': server,
+            'Gateway-CLIP network': server - model,
+            'CLIP model': model,
+        }
 
     def _transport(self):
-        return open_transport(self._address, credentials=self._grpc_credentials, ssl_context=self._ssl_context,
-                              token=self._token)
+        return open_transport(
+            self._address, credentials=self._grpc_credentials, ssl_context=self._ssl_context, token=self._token
+        )
 
     async def _within(self, coroutine, timeout, name: str):
         timeout = self._timeout if timeout is _CLIENT_DEFAULT else timeout
@@ -266,8 +468,10 @@ def _check_content(content, name: str) -> None:
     """Refuse a single input where an iterable of inputs belongs, as clip-client does for a str."""
     single = (str, bytes, bytearray, memoryview, Path, Document, Mapping)
     if isinstance(content, single) or _is_single_image(content):
-        raise TypeError(f'{name}() takes an iterable of inputs, not a single {type(content).__name__}; '
-                        f'try .{name}([...]) with a list')
+        raise TypeError(
+            f'{name}() takes an iterable of inputs, not a single {type(content).__name__}; '
+            f'try .{name}([...]) with a list'
+        )
     if not isinstance(content, Iterable):
         raise TypeError(f'{name}() takes an iterable of inputs, got {type(content).__name__}')
 

@@ -63,7 +63,8 @@ def read_file(path: str | Path) -> bytes:
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
-        raise FetchError(f'{str(path)!r}: no such file. To encode this string as text, pass '
-                         f'Document(text={str(path)!r})') from None
+        raise FetchError(
+            f'{str(path)!r}: no such file. To encode this string as text, pass Document(text={str(path)!r})'
+        ) from None
     except OSError as err:
         raise FetchError(f'{str(path)!r}: {err.strerror or err}') from None

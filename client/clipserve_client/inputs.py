@@ -80,8 +80,11 @@ def _convert(value, loader: Loader) -> Document:
         return Document(blob=array_to_png(value))
     if is_pil_image(value):
         return Document(blob=pil_to_png(value))
-    kind = type(value).__qualname__ if type(value).__module__ == 'builtins' else \
-        f'{type(value).__module__}.{type(value).__qualname__}'
+    kind = (
+        type(value).__qualname__
+        if type(value).__module__ == 'builtins'
+        else f'{type(value).__module__}.{type(value).__qualname__}'
+    )
     raise TypeError(f'cannot send a {kind}; expected {ACCEPTED}')
 
 

@@ -92,8 +92,9 @@ class Encode(Method):
 
     def fill(self, item, answer, results):
         if answer.embedding is None:
-            raise ValueError(f'the server returned no embedding for input {item.position}: is it a CLIP '
-                             'encoder behind this address?')
+            raise ValueError(
+                f'the server returned no embedding for input {item.position}: is it a CLIP encoder behind this address?'
+            )
         if item.target is not None:
             item.target.embedding = answer.embedding
         results.set_embedding(item.position, answer.embedding)
@@ -116,8 +117,10 @@ class Index(Method):
             wire = target = content
         first = self._seen.setdefault(wire.id, position)
         if first != position:
-            raise ValueError(f'input {position} has the same id as input {first} ({wire.id!r}): an indexer stores '
-                             'documents by id, so index() needs unique ids')
+            raise ValueError(
+                f'input {position} has the same id as input {first} ({wire.id!r}): an indexer stores '
+                'documents by id, so index() needs unique ids'
+            )
         return Item(position, wire, target)
 
     def fill(self, item, answer, results):
@@ -163,8 +166,9 @@ class Rank(Method):
         for answer_match in answer.matches:
             match = item.matches.get(answer_match.id)
             if match is None:
-                raise ValueError(f'the server returned a match of input {item.position} that was not sent '
-                                 f'({answer_match.id!r})')
+                raise ValueError(
+                    f'the server returned a match of input {item.position} that was not sent ({answer_match.id!r})'
+                )
             for name, score in answer_match.scores.items():
                 match.scores[name] = score
             ranked.append(match)

@@ -26,8 +26,16 @@ class Batch:
     request: DataRequest
 
 
-def make_batches(values: Iterator, method: Method, *, endpoint: str, parameters: dict, batch_size: int,
-                 loader: Loader, as_documents: bool) -> Iterator[Batch]:
+def make_batches(
+    values: Iterator,
+    method: Method,
+    *,
+    endpoint: str,
+    parameters: dict,
+    batch_size: int,
+    loader: Loader,
+    as_documents: bool,
+) -> Iterator[Batch]:
     """Batches of prepared items; reading inputs (files, URLs, PNG encoding) happens here, lazily."""
 
     def make(position_value):
@@ -50,8 +58,15 @@ def make_batches(values: Iterator, method: Method, *, endpoint: str, parameters:
         yield Batch(items, request)
 
 
-async def run_batches(transport, batches: Iterator[Batch], *, prefetch: int, retry: RetryPolicy,
-                      on_batch: Callable[[Batch], None], on_answer: Callable[[Batch, DataRequest], None]) -> None:
+async def run_batches(
+    transport,
+    batches: Iterator[Batch],
+    *,
+    prefetch: int,
+    retry: RetryPolicy,
+    on_batch: Callable[[Batch], None],
+    on_answer: Callable[[Batch, DataRequest], None],
+) -> None:
     async def send(batch: Batch):
         return batch, await send_with_retry(transport, batch.request, retry)
 

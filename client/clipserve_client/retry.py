@@ -33,7 +33,8 @@ async def send_with_retry(transport, request, policy: RetryPolicy):
             return await transport.send(request)
         except RetryableError as err:
             if attempt > policy.retries:
-                raise ConnectionError(f'{err} (gave up after {attempt} attempt(s) in '
-                                      f'{time.monotonic() - started:.1f} s)') from err
+                raise ConnectionError(
+                    f'{err} (gave up after {attempt} attempt(s) in {time.monotonic() - started:.1f} s)'
+                ) from err
             await asyncio.sleep(policy.delay(attempt))
             attempt += 1

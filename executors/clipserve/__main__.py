@@ -56,14 +56,19 @@ def list_models() -> None:
 
 
 def export(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog='python -m clipserve export onnx',
-                                     description='Export a model to ONNX (visual.onnx, textual.onnx, clipserve.json).')
+    parser = argparse.ArgumentParser(
+        prog='python -m clipserve export onnx',
+        description='Export a model to ONNX (visual.onnx, textual.onnx, clipserve.json).',
+    )
     parser.add_argument('name', help='model name, e.g. ViT-B-32::openai')
     parser.add_argument('out_dir', help='directory to write')
     parser.add_argument('--opset', type=int, default=18)
-    parser.add_argument('--inline', action='store_true',
-                        help='one self-contained .onnx file per tower (default: weights in .onnx.data files, '
-                             'which load with less memory)')
+    parser.add_argument(
+        '--inline',
+        action='store_true',
+        help='one self-contained .onnx file per tower (default: weights in .onnx.data files, '
+        'which load with less memory)',
+    )
     parser.add_argument('--external-data', action='store_true', help=argparse.SUPPRESS)  # the default now
     parser.add_argument('--cache', action='store_true', help=argparse.SUPPRESS)  # atomic write, used by the server
     args = parser.parse_args(argv)
@@ -79,8 +84,9 @@ def export(argv: list[str]) -> None:
 
 
 def ready(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog='python -m clipserve ready',
-                                     description='Exit 0 when every executor copy of the Flow is ready, else 1.')
+    parser = argparse.ArgumentParser(
+        prog='python -m clipserve ready', description='Exit 0 when every executor copy of the Flow is ready, else 1.'
+    )
     parser.add_argument('address', nargs='?', default='127.0.0.1:51000', help='the gRPC gateway (default %(default)s)')
     parser.add_argument('--timeout', type=float, default=5.0, help='seconds (default %(default)s)')
     parser.add_argument('--tls', action='store_true', help='the gateway serves TLS (flows/tls.yml)')
@@ -96,7 +102,8 @@ def ready(argv: list[str]) -> None:
     try:
         with channel:
             answer = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=READINESS_SERVICE), timeout=args.timeout)
+                health_pb2.HealthCheckRequest(service=READINESS_SERVICE), timeout=args.timeout
+            )
         status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     except grpc.RpcError as error:
         status = error.code().name

@@ -29,8 +29,15 @@ def pad_to(arrays: Sequence[np.ndarray], width: int) -> list[np.ndarray]:
 class Coalescer:
     """Runs `fn(*arrays)` for many callers at once; `fn` maps row-aligned arrays to [rows, D] results."""
 
-    def __init__(self, fn: Callable[..., np.ndarray], max_batch: int, max_wait: float,
-                 others_in_flight: Callable[[], bool], pad_columns: bool = False, name: str = 'clipserve-batcher'):
+    def __init__(
+        self,
+        fn: Callable[..., np.ndarray],
+        max_batch: int,
+        max_wait: float,
+        others_in_flight: Callable[[], bool],
+        pad_columns: bool = False,
+        name: str = 'clipserve-batcher',
+    ):
         self.fn = fn
         self.max_batch = max_batch
         self.max_wait = max_wait
@@ -119,5 +126,5 @@ class Coalescer:
             start = 0
             for arrays, future in items:
                 rows = len(arrays[0])
-                future.set_result(out[start:start + rows])
+                future.set_result(out[start : start + rows])
                 start += rows

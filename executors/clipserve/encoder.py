@@ -5,7 +5,6 @@ A bare `@requests` makes `encode` the catch-all, so `/`, `/encode`, `/encode/<mo
 `/rank` (and `/rank/<model>`) scores matches, so single-executor legacy Flows keep working.
 """
 
-
 from docarray import DocumentArray
 from jina import requests
 

@@ -16,8 +16,9 @@ _REPORT_ID = 'clipserve-ready-shard-'  # one document per shard: a head polling 
 def ready_report(shard_id: int, shards: int, draining: bool) -> DocumentArray:
     """This copy's answer to READY_ENDPOINT. Documents rather than returned parameters: Jina keys those
     by executor name, which the shards share, so a head would keep only one shard's."""
-    return DocumentArray([Document(id=f'{_REPORT_ID}{shard_id}',
-                                   tags={'draining': draining, 'shard_id': shard_id, 'shards': shards})])
+    return DocumentArray(
+        [Document(id=f'{_REPORT_ID}{shard_id}', tags={'draining': draining, 'shard_id': shard_id, 'shards': shards})]
+    )
 
 
 def read_reports(docs: DocumentArray) -> list[dict]:

@@ -73,13 +73,27 @@ class CLIPExecutorBase(Executor):
         super().__init__(**kwargs)
         started = time.perf_counter()
         settings = executor_settings(
-            name=name, backend=backend, device=device, dtype=dtype, minibatch_size=minibatch_size,
-            num_worker_preprocess=num_worker_preprocess, access_paths=access_paths,
-            allow_local_files=allow_local_files, local_files_root=local_files_root,
-            allow_remote_uris=allow_remote_uris, remote_allowed_hosts=remote_allowed_hosts,
-            remote_timeout=remote_timeout, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
-            jpeg_draft=jpeg_draft, model_path=model_path, serve_default=serve_default, served_models=served_models,
-            batch_requests=batch_requests, batch_wait_ms=batch_wait_ms, traversal_paths=traversal_paths,
+            name=name,
+            backend=backend,
+            device=device,
+            dtype=dtype,
+            minibatch_size=minibatch_size,
+            num_worker_preprocess=num_worker_preprocess,
+            access_paths=access_paths,
+            allow_local_files=allow_local_files,
+            local_files_root=local_files_root,
+            allow_remote_uris=allow_remote_uris,
+            remote_allowed_hosts=remote_allowed_hosts,
+            remote_timeout=remote_timeout,
+            max_image_bytes=max_image_bytes,
+            max_image_pixels=max_image_pixels,
+            jpeg_draft=jpeg_draft,
+            model_path=model_path,
+            serve_default=serve_default,
+            served_models=served_models,
+            batch_requests=batch_requests,
+            batch_wait_ms=batch_wait_ms,
+            traversal_paths=traversal_paths,
             shutdown_grace=shutdown_grace,
         )
         for warning in settings.warnings:
@@ -96,35 +110,44 @@ class CLIPExecutorBase(Executor):
         if settings.backend == 'torch':
             keep_triton_out(settings.device)
         self.backend = create_backend(
-            settings.backend, settings.model,
+            settings.backend,
+            settings.model,
             BackendOptions(device=settings.device, dtype=settings.dtype, num_threads=thread_budget(replicas)),
-            model_path=settings.model_path, max_batch=settings.minibatch_size,
+            model_path=settings.model_path,
+            max_batch=settings.minibatch_size,
         )
-        self.preprocess_config = dataclasses.replace(self.backend.preprocess, max_pixels=settings.max_image_pixels,
-                                                     jpeg_draft=settings.jpeg_draft)
+        self.preprocess_config = dataclasses.replace(
+            self.backend.preprocess, max_pixels=settings.max_image_pixels, jpeg_draft=settings.jpeg_draft
+        )
         concurrent = bool(getattr(self.runtime_args, 'allow_concurrent', False))
         # (not called `dynamic_batching`: Jina passes its own argument of that name to every executor)
         batching = concurrent if settings.batch_requests is None else settings.batch_requests
         if batching and not concurrent:
-            self.logger.warning('batch_requests needs `allow_concurrent: true` on the executor '
-                                'to see concurrent requests')
+            self.logger.warning(
+                'batch_requests needs `allow_concurrent: true` on the executor to see concurrent requests'
+            )
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self.pipeline = EncodePipeline(
-            self.backend, settings.minibatch_size, settings.num_worker_preprocess,
+            self.backend,
+            settings.minibatch_size,
+            settings.num_worker_preprocess,
             batch_wait=settings.batch_wait_seconds if batching else None,
             others_in_flight=lambda: self._in_flight > 1,
         )
-        self.metrics = Metrics(getattr(self.runtime_args, 'metrics_registry', None),
-                               getattr(self.runtime_args, 'name', ''))
+        self.metrics = Metrics(
+            getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
+        )
         self.served_models = list(settings.served_models) or [self.backend.model_name]
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
         self._draining = False
         if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
             install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
-        self.logger.info(f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
-                         f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}')
+        self.logger.info(
+            f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
+            f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}'
+        )
 
     def _warm_up(self) -> float:
         """One text and one image through the whole path (preprocessing, model), then counters reset."""
@@ -145,8 +168,14 @@ class CLIPExecutorBase(Executor):
 
     def _bind_model_endpoints(self, *endpoints: str) -> None:
         """Route `/<endpoint>/<model>` by model, for multi-model Flows (see routing.py)."""
-        self._requests = model_routes(self.requests, endpoints, self.backend.model_name, self._configured_name,
-                                      self.served_models, self.serve_default)
+        self._requests = model_routes(
+            self.requests,
+            endpoints,
+            self.backend.model_name,
+            self._configured_name,
+            self.served_models,
+            self.serve_default,
+        )
 
     async def __acall__(self, req_endpoint: str, **kwargs):
         """Track requests in flight (for dynamic batching) and count failures by cause (for metrics).
@@ -170,13 +199,23 @@ class CLIPExecutorBase(Executor):
         """What this replica serves, for operators and tests (read with `return_responses=True`)."""
         b = self.backend
         return {
-            'model': b.model_name, 'backend': b.name, 'device': b.device, 'dtype': b.dtype,
-            'embed_dim': b.embed_dim, 'image_size': b.image_size, 'trims_padding': b.trims_padding,
-            'model_calls': b.model_calls, 'images_encoded': b.images_encoded, 'texts_encoded': b.texts_encoded,
-            'torch_imported': 'torch' in sys.modules, 'triton_imported': sys.modules.get('triton') is not None,
+            'model': b.model_name,
+            'backend': b.name,
+            'device': b.device,
+            'dtype': b.dtype,
+            'embed_dim': b.embed_dim,
+            'image_size': b.image_size,
+            'trims_padding': b.trims_padding,
+            'model_calls': b.model_calls,
+            'images_encoded': b.images_encoded,
+            'texts_encoded': b.texts_encoded,
+            'torch_imported': 'torch' in sys.modules,
+            'triton_imported': sys.modules.get('triton') is not None,
             'pid': os.getpid(),
-            'batch_requests': bool(self.pipeline._coalescers), 'requests_in_flight': self._in_flight,
-            'load_seconds': round(self.load_seconds, 3), 'warmup_seconds': round(self.warmup_seconds, 3),
+            'batch_requests': bool(self.pipeline._coalescers),
+            'requests_in_flight': self._in_flight,
+            'load_seconds': round(self.load_seconds, 3),
+            'warmup_seconds': round(self.warmup_seconds, 3),
             'draining': self._draining,
         }
 
@@ -185,8 +224,11 @@ class CLIPExecutorBase(Executor):
         """What a readiness probe needs: this copy has loaded and warmed up (it answers), whether it is
         draining, and which shard it is. One document per shard, so a head polling ALL shards merges
         them (Jina keys returned parameters by executor name, which the shards share)."""
-        return ready_report(int(getattr(self.runtime_args, 'shard_id', 0) or 0),
-                            int(getattr(self.runtime_args, 'shards', 1) or 1), self._draining)
+        return ready_report(
+            int(getattr(self.runtime_args, 'shard_id', 0) or 0),
+            int(getattr(self.runtime_args, 'shards', 1) or 1),
+            self._draining,
+        )
 
     # ---- encoding -------------------------------------------------------------------------
 

@@ -61,8 +61,9 @@ def auth_mode(configured: str, environ=os.environ) -> str:
     """The effective mode: `CLIPSERVE_AUTH` when set, else the gateway's `auth` argument."""
     mode = str(environ.get(AUTH_ENV) or configured).strip().lower()
     if mode not in AUTH_MODES:
-        raise AuthConfigError(f'auth must be one of {", ".join(AUTH_MODES)} (gateway argument auth or {AUTH_ENV}), '
-                              f'got {mode!r}')
+        raise AuthConfigError(
+            f'auth must be one of {", ".join(AUTH_MODES)} (gateway argument auth or {AUTH_ENV}), got {mode!r}'
+        )
     return mode
 
 
@@ -92,8 +93,9 @@ def _status_code_only(handler):
         status = await inner(request, context)
         return jina_pb2.StatusProto(code=status.code)
 
-    return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=handler.request_deserializer,
-                                               response_serializer=handler.response_serializer)
+    return grpc.unary_unary_rpc_method_handler(
+        answer, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 # Before refusing a client-streaming call, read (without parsing) what the client is sending, up to
@@ -165,8 +167,13 @@ class TokenMiddleware:
             await send({'type': 'websocket.close', 'code': 1008})
             return
         body = json.dumps({'detail': 'missing or wrong Authorization header'}).encode()
-        await send({'type': 'http.response.start', 'status': 401,
-                    'headers': [(b'content-type', b'application/json'), (b'www-authenticate', b'Bearer')]})
+        await send(
+            {
+                'type': 'http.response.start',
+                'status': 401,
+                'headers': [(b'content-type', b'application/json'), (b'www-authenticate', b'Bearer')],
+            }
+        )
         await send({'type': 'http.response.body', 'body': body})
 
 
@@ -189,8 +196,16 @@ def _code_only(send):
             code = None
         body = json.dumps({'code': code}).encode()
         headers = [(k, v) for k, v in start.get('headers', []) if k.lower() not in (b'content-length', b'content-type')]
-        await send({**start, 'headers': [*headers, (b'content-type', b'application/json'),
-                                         (b'content-length', str(len(body)).encode())]})
+        await send(
+            {
+                **start,
+                'headers': [
+                    *headers,
+                    (b'content-type', b'application/json'),
+                    (b'content-length', str(len(body)).encode()),
+                ],
+            }
+        )
         await send({'type': 'http.response.body', 'body': body})
 
     return filtered
@@ -210,9 +225,17 @@ class ReadinessMiddleware:
         ok = path == LIVE_PATH or self.readiness.ready
         word = ('live' if path == LIVE_PATH else 'ready') if ok else 'not ready'
         body = json.dumps({'status': word}).encode()
-        await send({'type': 'http.response.start', 'status': 200 if ok else 503,
-                    'headers': [(b'content-type', b'application/json'), (b'content-length', str(len(body)).encode()),
-                                (b'cache-control', b'no-store')]})
+        await send(
+            {
+                'type': 'http.response.start',
+                'status': 200 if ok else 503,
+                'headers': [
+                    (b'content-type', b'application/json'),
+                    (b'content-length', str(len(body)).encode()),
+                    (b'cache-control', b'no-store'),
+                ],
+            }
+        )
         await send({'type': 'http.response.body', 'body': body if scope.get('method') == 'GET' else b''})
 
 
@@ -236,8 +259,9 @@ def expose_readiness(server, readiness: FlowReadiness) -> None:
     elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
         _wrap_app_after_setup(server, lambda app: ReadinessMiddleware(app, readiness))
     else:
-        raise AuthConfigError(f'cannot serve readiness on a {type(server).__name__} server; '
-                              'use the grpc, http or websocket protocol')
+        raise AuthConfigError(
+            f'cannot serve readiness on a {type(server).__name__} server; use the grpc, http or websocket protocol'
+        )
 
 
 class ReadyGateway(CompositeGateway):
@@ -282,15 +306,18 @@ class ClipServeGateway(ReadyGateway):
         mode = auth_mode(auth)
         self.token = os.environ.get(TOKEN_ENV) or None
         if mode == 'off' or (mode == 'optional' and not self.token):
-            self.logger.warning(f'authentication is OFF (auth={mode}, {TOKEN_ENV} '
-                                f'{"set but ignored" if self.token else "unset"}): '
-                                'this gateway serves anyone who can reach it')
+            self.logger.warning(
+                f'authentication is OFF (auth={mode}, {TOKEN_ENV} '
+                f'{"set but ignored" if self.token else "unset"}): '
+                'this gateway serves anyone who can reach it'
+            )
             self.token = None
             return
         if not self.token:
             raise AuthConfigError(
                 f'{TOKEN_ENV} is not set, and this gateway requires a token: set {TOKEN_ENV} in the environment '
-                f'of the Flow, or opt out explicitly with {AUTH_ENV}=off (the gateway then serves anyone)')
+                f'of the Flow, or opt out explicitly with {AUTH_ENV}=off (the gateway then serves anyone)'
+            )
         for server in self.servers:
             protect(server, self.token)
         self.logger.info(f'token authentication on for {len(self.servers)} protocol(s)')
@@ -301,15 +328,21 @@ def protect(server, token: str) -> None:
     if isinstance(server, GRPCServer):
         # GRPCServer builds its grpc.aio server with this list of interceptors (in setup_server).
         if not hasattr(server, 'grpc_tracing_server_interceptors'):
-            raise AuthConfigError(f'cannot install the token check on {type(server).__name__}: this jina '
-                                  'version builds its gRPC server differently')
-        server.grpc_tracing_server_interceptors = [*(server.grpc_tracing_server_interceptors or []),
-                                                   TokenInterceptor(token)]
+            raise AuthConfigError(
+                f'cannot install the token check on {type(server).__name__}: this jina '
+                'version builds its gRPC server differently'
+            )
+        server.grpc_tracing_server_interceptors = [
+            *(server.grpc_tracing_server_interceptors or []),
+            TokenInterceptor(token),
+        ]
     elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
         _wrap_app_after_setup(server, lambda app: TokenMiddleware(app, token))
     else:
-        raise AuthConfigError(f'cannot install the token check on a {type(server).__name__} server; '
-                              'use the grpc, http or websocket protocol')
+        raise AuthConfigError(
+            f'cannot install the token check on a {type(server).__name__} server; '
+            'use the grpc, http or websocket protocol'
+        )
 
 
 def _wrap_app_after_setup(server, wrap) -> None:

@@ -91,7 +91,9 @@ def install_drain_when_served(executor, grace: float, on_drain, log, wait_second
             if installed is False:
                 break
             time.sleep(0.5)
-        log.warning('graceful shutdown not installed (not a gRPC executor, or this Jina version holds its '
-                    'server differently): requests in flight at SIGTERM are cut')
+        log.warning(
+            'graceful shutdown not installed (not a gRPC executor, or this Jina version holds its '
+            'server differently): requests in flight at SIGTERM are cut'
+        )
 
     threading.Thread(target=install, name='clipserve-drain-setup', daemon=True).start()

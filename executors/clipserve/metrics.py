@@ -28,12 +28,22 @@ class Metrics:
         from prometheus_client import Counter, Histogram, Summary
 
         labels = ('runtime_name', 'model')
-        self._preprocess = Summary('clipserve_preprocess_seconds', 'Seconds spent decoding, preprocessing and tokenizing',
-                                   labels + ('modality',), registry=registry)
-        self._inference = Summary('clipserve_inference_seconds', 'Seconds spent in the model', labels + ('modality',),
-                                  registry=registry)
-        self._docs = Histogram('clipserve_docs_per_request', 'Documents encoded per request', labels + ('endpoint',),
-                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096), registry=registry)
+        self._preprocess = Summary(
+            'clipserve_preprocess_seconds',
+            'Seconds spent decoding, preprocessing and tokenizing',
+            labels + ('modality',),
+            registry=registry,
+        )
+        self._inference = Summary(
+            'clipserve_inference_seconds', 'Seconds spent in the model', labels + ('modality',), registry=registry
+        )
+        self._docs = Histogram(
+            'clipserve_docs_per_request',
+            'Documents encoded per request',
+            labels + ('endpoint',),
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096),
+            registry=registry,
+        )
         self._errors = Counter('clipserve_errors', 'Failed requests by cause', labels + ('cause',), registry=registry)
         self._runtime = runtime_name
 

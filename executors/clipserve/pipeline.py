@@ -44,8 +44,14 @@ class EncodePipeline:
     """Encodes for one replica. With `batch_wait` set, concurrent requests share forward passes
     (see clipserve.batching); otherwise each call runs the model itself, one at a time."""
 
-    def __init__(self, backend: Backend, minibatch_size: int = 32, num_workers: int = 4,
-                 batch_wait: float | None = None, others_in_flight: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        backend: Backend,
+        minibatch_size: int = 32,
+        num_workers: int = 4,
+        batch_wait: float | None = None,
+        others_in_flight: Callable[[], bool] = lambda: False,
+    ):
         self.backend = backend
         self.minibatch_size = minibatch_size
         self.tokenizer = Tokenizer(context_length=backend.context_length)
@@ -54,10 +60,21 @@ class EncodePipeline:
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix='clipserve-model')
         self._coalescers = []
         if batch_wait is not None:
-            self._run_images = Coalescer(self._forward(backend.encode_images), minibatch_size, batch_wait,
-                                         others_in_flight, name='clipserve-image-batcher')
-            self._run_texts = Coalescer(self._forward(backend.encode_texts), minibatch_size, batch_wait,
-                                        others_in_flight, pad_columns=True, name='clipserve-text-batcher')
+            self._run_images = Coalescer(
+                self._forward(backend.encode_images),
+                minibatch_size,
+                batch_wait,
+                others_in_flight,
+                name='clipserve-image-batcher',
+            )
+            self._run_texts = Coalescer(
+                self._forward(backend.encode_texts),
+                minibatch_size,
+                batch_wait,
+                others_in_flight,
+                pad_columns=True,
+                name='clipserve-text-batcher',
+            )
             self._coalescers = [self._run_images, self._run_texts]
         else:
             self._run_images = self._forward(backend.encode_images)
@@ -72,6 +89,7 @@ class EncodePipeline:
         buffers per thread. Eight threads taking turns at a ViT-B-32 (torch, CPU, one process) grew
         it by 211 MB and eight OpenMP workers; the same passes on one thread by 14 MB.
         """
+
         def run_and_release(*arrays: np.ndarray) -> np.ndarray:
             try:
                 return encode(*arrays)
@@ -80,6 +98,7 @@ class EncodePipeline:
 
         def run(*arrays: np.ndarray) -> np.ndarray:
             return self._model_thread.submit(run_and_release, *arrays).result()
+
         return run
 
     def close(self) -> None:
@@ -105,7 +124,7 @@ class EncodePipeline:
             return out
         order = np.argsort(tokens.lengths, kind='stable')
         for start in range(0, len(texts), self.minibatch_size):
-            rows = order[start:start + self.minibatch_size]
+            rows = order[start : start + self.minibatch_size]
             t1 = time.perf_counter()
             # the backend trims padding (Backend.encode_texts), also after the batcher merged requests
             out[rows] = self._run_texts(tokens.input_ids[rows], tokens.attention_mask[rows])
@@ -120,7 +139,7 @@ class EncodePipeline:
         times = times or StageTimes()
         starts = list(range(0, len(loaders), self.minibatch_size))
         rows, indices, failures = [], [], []
-        pending = self._preprocess_batch(loaders[:self.minibatch_size]) if starts else []
+        pending = self._preprocess_batch(loaders[: self.minibatch_size]) if starts else []
         for n, start in enumerate(starts):
             t0 = time.perf_counter()
             results = [future.result() for future in pending]
@@ -128,7 +147,7 @@ class EncodePipeline:
             # Queue the next minibatch's decoding before running this one through the model.
             if n + 1 < len(starts):
                 nxt = starts[n + 1]
-                pending = self._preprocess_batch(loaders[nxt:nxt + self.minibatch_size])
+                pending = self._preprocess_batch(loaders[nxt : nxt + self.minibatch_size])
             ok = [(start + i, pixels) for i, (pixels, error) in enumerate(results) if error is None]
             failures += [(start + i, error) for i, (_, error) in enumerate(results) if error is not None]
             if ok:
@@ -151,4 +170,3 @@ def _guarded(loader: ImageLoader):
         return None, str(e) or type(e).__name__
     except Exception as e:  # a decoder bug or MemoryError on one hostile file
         return None, f'{type(e).__name__}: {e}'
-

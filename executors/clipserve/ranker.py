@@ -4,7 +4,6 @@ Unlike CLIPEncoder's /rank it keeps embeddings documents already carry (pass
 `reuse_embeddings=false` to re-encode), so re-ranking N stored matches costs one query encode.
 """
 
-
 from clipserve.executor_base import CLIPExecutorBase
 
 

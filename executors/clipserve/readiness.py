@@ -54,15 +54,18 @@ def judge_reports(deployment: str, address: str, reports: list[dict]) -> list[st
 
     No report at all: an executor without this endpoint (not clipserve's), up since it answered.
     """
-    problems = [f'{deployment} at {address}: shard {r.get("shard_id", 0)} is draining'
-                for r in reports if r.get('draining')]
+    problems = [
+        f'{deployment} at {address}: shard {r.get("shard_id", 0)} is draining' for r in reports if r.get('draining')
+    ]
     if reports:
         shards = max(int(r.get('shards', 1) or 1) for r in reports)
         seen = {int(r.get('shard_id', 0) or 0) for r in reports}
         missing = sorted(set(range(shards)) - seen)
         if missing:
-            problems.append(f'{deployment} at {address}: no answer from shard(s) {missing} of {shards} (still '
-                            f'loading, or the Flow lacks `polling: {{{READY_ENDPOINT}: ALL}}` on this executor)')
+            problems.append(
+                f'{deployment} at {address}: no answer from shard(s) {missing} of {shards} (still '
+                f'loading, or the Flow lacks `polling: {{{READY_ENDPOINT}: ALL}}` on this executor)'
+            )
     return problems
 
 
@@ -92,8 +95,15 @@ class FlowReadiness:
     draining report count at once.
     """
 
-    def __init__(self, deployments: dict[str, list[str]], interval: float = 1.0, timeout: float = 5.0,
-                 busy_allowance: float = 30.0, log: logging.Logger | None = None, probe=None):
+    def __init__(
+        self,
+        deployments: dict[str, list[str]],
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        busy_allowance: float = 30.0,
+        log: logging.Logger | None = None,
+        probe=None,
+    ):
         self.deployments = deployments
         self.interval = interval
         self.timeout = timeout
@@ -115,8 +125,11 @@ class FlowReadiness:
         except Exception as error:  # no answer yet, refused (draining), an error from a head
             code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
             last = self._last_ready.get(address)
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED and last is not None \
-                    and time.monotonic() - last < self.busy_allowance:
+            if (
+                code == grpc.StatusCode.DEADLINE_EXCEEDED
+                and last is not None
+                and time.monotonic() - last < self.busy_allowance
+            ):
                 return []  # was ready, now busy: not a reason to take it out of rotation yet
             self._last_ready.pop(address, None)
             return [f'{deployment} at {address}: {code.name if code else str(error)[:200]}']

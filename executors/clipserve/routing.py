@@ -52,7 +52,7 @@ class ModelRoutes(dict):
         if isinstance(key, str):
             for endpoint in self._handlers:
                 if key.startswith(endpoint + '/') and len(key) > len(endpoint) + 1:
-                    return endpoint, key[len(endpoint) + 1:]
+                    return endpoint, key[len(endpoint) + 1 :]
         return None
 
     def __contains__(self, key) -> bool:
@@ -66,8 +66,14 @@ class ModelRoutes(dict):
         return self._make_handler(model, self._handlers[endpoint])
 
 
-def model_routes(requests: dict, endpoints: tuple[str, ...], model_name: str, configured_name: str,
-                 served_models: list[str], serve_default: bool) -> ModelRoutes:
+def model_routes(
+    requests: dict,
+    endpoints: tuple[str, ...],
+    model_name: str,
+    configured_name: str,
+    served_models: list[str],
+    serve_default: bool,
+) -> ModelRoutes:
     """The endpoint table of an executor serving `model_name`, in a Flow serving `served_models`.
 
     `requests` is the executor's own table (Jina's `self.requests`); `endpoints` the ones routed by model.

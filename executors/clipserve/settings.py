@@ -56,11 +56,28 @@ def shutdown_seconds(configured, environ=None) -> float:
 
 
 def executor_settings(
-    name=DEFAULT_MODEL, backend='torch', device=None, dtype=None, minibatch_size=32, num_worker_preprocess=4,
-    access_paths='@r', allow_local_files=False, local_files_root=None, allow_remote_uris=False,
-    remote_allowed_hosts=None, remote_timeout=10.0, max_image_bytes=20 * 1024 * 1024, max_image_pixels=50_000_000,
-    jpeg_draft=False, model_path=None, serve_default=True, served_models=None, batch_requests=None,
-    batch_wait_ms=5.0, traversal_paths=None, shutdown_grace=None,
+    name=DEFAULT_MODEL,
+    backend='torch',
+    device=None,
+    dtype=None,
+    minibatch_size=32,
+    num_worker_preprocess=4,
+    access_paths='@r',
+    allow_local_files=False,
+    local_files_root=None,
+    allow_remote_uris=False,
+    remote_allowed_hosts=None,
+    remote_timeout=10.0,
+    max_image_bytes=20 * 1024 * 1024,
+    max_image_pixels=50_000_000,
+    jpeg_draft=False,
+    model_path=None,
+    serve_default=True,
+    served_models=None,
+    batch_requests=None,
+    batch_wait_ms=5.0,
+    traversal_paths=None,
+    shutdown_grace=None,
 ) -> ExecutorSettings:
     """The checked settings from CLIPExecutorBase's arguments (the same names and defaults)."""
     backend = env_or_default(backend, 'torch')

@@ -33,11 +33,11 @@ from urllib.parse import unquote_to_bytes
 
 MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = (301, 302, 303, 307, 308)
-_NAT64 = ipaddress.ip_network('64:ff9b::/96')             # RFC 6052: the IPv4 address is the last 32 bits
-_NAT64_LOCAL = ipaddress.ip_network('64:ff9b:1::/48')     # RFC 8215: local-use NAT64, never public
-_IPV4_COMPATIBLE = ipaddress.ip_network('::/96')          # deprecated ::a.b.c.d
+_NAT64 = ipaddress.ip_network('64:ff9b::/96')  # RFC 6052: the IPv4 address is the last 32 bits
+_NAT64_LOCAL = ipaddress.ip_network('64:ff9b:1::/48')  # RFC 8215: local-use NAT64, never public
+_IPV4_COMPATIBLE = ipaddress.ip_network('::/96')  # deprecated ::a.b.c.d
 _UNIQUE_LOCAL = ipaddress.ip_network('fc00::/7')
-_PRINTABLE_ASCII = ''.join(map(chr, range(0x21, 0x7f)))
+_PRINTABLE_ASCII = ''.join(map(chr, range(0x21, 0x7F)))
 _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -52,10 +52,10 @@ class _Timeout(Exception):
 @dataclass(frozen=True)
 class UriPolicy:
     allow_local_files: bool = False
-    local_files_root: str | None = None       # when set, only files under this directory are readable
+    local_files_root: str | None = None  # when set, only files under this directory are readable
     allow_remote: bool = False
-    remote_timeout: float = 10.0              # seconds, for the whole fetch including redirects
-    max_bytes: int = 20 * 1024 * 1024         # cap for data: payloads, files and downloads
+    remote_timeout: float = 10.0  # seconds, for the whole fetch including redirects
+    max_bytes: int = 20 * 1024 * 1024  # cap for data: payloads, files and downloads
     allowed_hosts: tuple[str, ...] = field(default_factory=tuple)  # host names, addresses or CIDR networks
     #                                         exempt from the non-public address check
 
@@ -177,8 +177,15 @@ class UriPolicy:
                 )
         return addresses
 
-    def _get(self, scheme: str, host: str, port: int, parts: urllib.parse.SplitResult, addresses: list[str],
-             watchdog: _Watchdog) -> tuple[int, str | None, bytes]:
+    def _get(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        parts: urllib.parse.SplitResult,
+        addresses: list[str],
+        watchdog: _Watchdog,
+    ) -> tuple[int, str | None, bytes]:
         """One GET over a connection to one of the checked `addresses`: (status, Location, body)."""
         sock, error = None, None
         for address in addresses:
@@ -205,9 +212,16 @@ class UriPolicy:
             host_header = (f'[{host}]' if ':' in host else host) + (f':{port}' if port != default_port else '')
             target = (parts.path or '/') + (f'?{parts.query}' if parts.query else '')
             target = urllib.parse.quote(target, safe=_PRINTABLE_ASCII)  # only spaces, controls and non-ASCII
-            connection.request('GET', target, headers={
-                'Host': host_header, 'Accept-Encoding': 'identity', 'Connection': 'close', 'User-Agent': 'clipserve',
-            })
+            connection.request(
+                'GET',
+                target,
+                headers={
+                    'Host': host_header,
+                    'Accept-Encoding': 'identity',
+                    'Connection': 'close',
+                    'User-Agent': 'clipserve',
+                },
+            )
             response = connection.getresponse()
             if response.status in _REDIRECT_STATUSES:
                 return response.status, response.getheader('Location'), b''

@@ -21,8 +21,9 @@ def url(protocol: str, port: int, tls: bool = False, host: str = '127.0.0.1') ->
 def plain_flow(tmp_path_factory):
     """gRPC, HTTP and WebSocket ports of one gateway: {'grpc': port, 'http': port, 'websocket': port}."""
     ports = [free_port() for _ in PROTOCOLS]
-    flow = flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
-                          {'CLIPSERVE_MODEL': TINY})
+    flow = flow_from_yaml(
+        'multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports), {'CLIPSERVE_MODEL': TINY}
+    )
     with flow:
         yield dict(zip(PROTOCOLS, ports))
 

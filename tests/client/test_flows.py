@@ -27,6 +27,7 @@ def image_file(tmp_path_factory):
 
 # ---- encode ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('protocol', PROTOCOLS)
 def test_encode_texts_matches_the_model(plain_flow, reference, protocol):
     out = Client(url(protocol, plain_flow[protocol])).encode(TEXTS, batch_size=2)
@@ -54,13 +55,13 @@ def test_every_image_input_gives_the_same_embedding(plain_flow, image_file, prot
     png = image_file.read_bytes()
     pixels = np.asarray(Image.open(io.BytesIO(png)).convert('RGB'))
     inputs = [
-        png,                                   # bytes
-        pixels,                                # numpy HWC uint8
-        pixels.astype(np.float32) / 255,       # numpy HWC float in [0, 1]
-        Image.open(io.BytesIO(png)),           # PIL
-        image_file,                            # pathlib.Path
-        str(image_file),                       # an image file name
-        data_uri(png),                         # a data: URI
+        png,  # bytes
+        pixels,  # numpy HWC uint8
+        pixels.astype(np.float32) / 255,  # numpy HWC float in [0, 1]
+        Image.open(io.BytesIO(png)),  # PIL
+        image_file,  # pathlib.Path
+        str(image_file),  # an image file name
+        data_uri(png),  # a data: URI
         Document(blob=png),
         Document(tensor=pixels),
         Document(uri=str(image_file)),
@@ -114,10 +115,12 @@ def test_empty_input_sends_nothing(plain_flow):
 
 # ---- parameters, errors, callbacks ----------------------------------------------------------
 
+
 def test_model_name_selects_the_endpoint(plain_flow, reference):
     client = Client(url('grpc', plain_flow['grpc']))
-    np.testing.assert_allclose(client.encode(TEXTS[:1], parameters={'model_name': TINY}), reference(TEXTS[:1]),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        client.encode(TEXTS[:1], parameters={'model_name': TINY}), reference(TEXTS[:1]), atol=1e-5
+    )
     with pytest.raises(ServerError, match='ViT-H-14'):
         client.encode(TEXTS[:1], parameters={'model_name': 'ViT-H-14::laion2b-s32b-b79k'})
 
@@ -136,7 +139,8 @@ def test_callbacks_see_the_callers_ids(plain_flow):
     seen = []
     docs = [Document(id=f'mine-{i}', text=t) for i, t in enumerate(TEXTS)]
     result = Client(url('grpc', plain_flow['grpc'])).encode(
-        docs, batch_size=2, on_done=lambda response: seen.extend(d.id for d in response.docs))
+        docs, batch_size=2, on_done=lambda response: seen.extend(d.id for d in response.docs)
+    )
     assert result is None
     assert sorted(seen) == sorted(d.id for d in docs)
     assert all(d.embedding is not None for d in docs)  # filled in place even when streaming
@@ -152,6 +156,7 @@ def test_profile(plain_flow, protocol, capsys):
 
 def test_sync_calls_work_inside_a_running_event_loop(plain_flow, reference):
     """As in a notebook: the call runs on its own thread and loop instead of blocking this one."""
+
     async def main():
         return Client(url('grpc', plain_flow['grpc'])).encode(TEXTS[:2])
 
@@ -160,10 +165,14 @@ def test_sync_calls_work_inside_a_running_event_loop(plain_flow, reference):
 
 # ---- rank, index, search --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('protocol', PROTOCOLS)
 def test_rank_scores_and_reorders_the_callers_matches(plain_flow, image_file, protocol):
-    matches = [Document(id='m', text='a photo of a dog'), Document(id='m', text='a bowl of soup'),
-               Document(id='m', text='a red car')]
+    matches = [
+        Document(id='m', text='a photo of a dog'),
+        Document(id='m', text='a bowl of soup'),
+        Document(id='m', text='a red car'),
+    ]
     query = Document(uri=str(image_file), matches=matches)
     out = Client(url(protocol, plain_flow[protocol])).rank([query])
     assert out[0] is query
@@ -194,7 +203,8 @@ def test_index_keeps_ids_and_returns_embeddings(plain_flow, protocol):
 def test_search_sends_limit(plain_flow):
     parameters = []
     out = Client(url('grpc', plain_flow['grpc'])).search(
-        TEXTS[:2], limit=3, on_always=lambda response: parameters.append(response.parameters))
+        TEXTS[:2], limit=3, on_always=lambda response: parameters.append(response.parameters)
+    )
     assert out is None and parameters[0]['limit'] == 3
     out = Client(url('grpc', plain_flow['grpc'])).search(TEXTS[:2], limit=3)
     assert [d.text for d in out] == TEXTS[:2] and all(d.embedding is not None for d in out)
@@ -205,8 +215,9 @@ def test_async_methods(plain_flow, reference, image_file):
 
     async def main():
         query = Document(text='a dog', matches=[Document(text='dog'), Document(text='car')])
-        return await asyncio.gather(client.aencode(TEXTS), client.arank([query]), client.aindex(TEXTS[:2]),
-                                    client.asearch(TEXTS[:2], limit=2))
+        return await asyncio.gather(
+            client.aencode(TEXTS), client.arank([query]), client.aindex(TEXTS[:2]), client.asearch(TEXTS[:2], limit=2)
+        )
 
     encoded, ranked, indexed, searched = asyncio.run(main())
     np.testing.assert_allclose(encoded, reference(TEXTS), atol=1e-5)
@@ -215,6 +226,7 @@ def test_async_methods(plain_flow, reference, image_file):
 
 
 # ---- volume and concurrency -----------------------------------------------------------------
+
 
 def test_ten_thousand_texts_with_a_progress_bar(plain_flow, capfd):
     texts = [f'caption {i}' for i in range(10_000)]

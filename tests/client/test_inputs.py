@@ -32,8 +32,9 @@ def test_ca_file_needs_tls_and_must_exist(tmp_path):
         Client('grpcs://127.0.0.1:1', ca_file=tmp_path / 'missing.pem')
 
 
-@pytest.mark.parametrize('content', ['one string', b'bytes', Document(text='x'), {'text': 'x'}, 42,
-                                     np.zeros((4, 4, 3), np.uint8)])
+@pytest.mark.parametrize(
+    'content', ['one string', b'bytes', Document(text='x'), {'text': 'x'}, 42, np.zeros((4, 4, 3), np.uint8)]
+)
 def test_a_single_input_instead_of_a_list_is_a_type_error(content):
     with pytest.raises(TypeError):
         Client('grpc://127.0.0.1:1').encode(content)

@@ -59,8 +59,9 @@ def test_a_server_that_comes_up_late_is_retried(protocol):
 def test_transient_failures_during_a_call_are_retried(protocol):
     port = free_port()
     with FakeGateway(protocol, port, fail_first=2) as gateway:
-        out = Client(url(protocol, port), retries=3, backoff=0.05).encode(['a', 'bb', 'ccc', 'dddd'], batch_size=1,
-                                                                          prefetch=2)
+        out = Client(url(protocol, port), retries=3, backoff=0.05).encode(
+            ['a', 'bb', 'ccc', 'dddd'], batch_size=1, prefetch=2
+        )
     np.testing.assert_array_equal(out[:, 0], [1, 2, 3, 4])
     assert gateway.failures_left == 0
 

@@ -46,8 +46,13 @@ def tiny_flow():
     flow = Flow(protocol=list(ports), port=list(ports.values())).add(
         name='encoder',
         uses=CLIPEncoder,
-        uses_with={'name': TINY, 'minibatch_size': 4, 'num_worker_preprocess': 2, 'max_image_pixels': 4_000_000,
-                   'batch_wait_ms': 50},
+        uses_with={
+            'name': TINY,
+            'minibatch_size': 4,
+            'num_worker_preprocess': 2,
+            'max_image_pixels': 4_000_000,
+            'batch_wait_ms': 50,
+        },
         allow_concurrent=True,
     )
     with flow:

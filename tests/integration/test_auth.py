@@ -23,8 +23,12 @@ TOKEN = 's3cret-token'
 @pytest.fixture(scope='module')
 def auth_flow(tmp_path_factory):
     ports = [free_port() for _ in range(3)]
-    flow = flow_from_yaml('auth.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
-                          {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_AUTH_TOKEN': TOKEN})
+    flow = flow_from_yaml(
+        'auth.yml',
+        tmp_path_factory.mktemp('flows'),
+        lambda c: set_port(c, ports),
+        {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_AUTH_TOKEN': TOKEN},
+    )
     os.environ['CLIPSERVE_AUTH_TOKEN'] = TOKEN  # the gateway process reads it when it starts
     try:
         with flow:
@@ -79,7 +83,9 @@ def test_clipserve_client_sends_the_token_on_every_protocol(auth_flow, protocol)
 
 def test_health_checks_stay_open_and_say_only_ready_or_not(auth_flow):
     jina = str(Path(sys.executable).parent / 'jina')
-    ping = subprocess.run([jina, 'ping', 'flow', f'grpc://127.0.0.1:{auth_flow["grpc"]}'], capture_output=True, timeout=120)
+    ping = subprocess.run(
+        [jina, 'ping', 'flow', f'grpc://127.0.0.1:{auth_flow["grpc"]}'], capture_output=True, timeout=120
+    )
     assert ping.returncode == 0
     dry_run = requests.get(f'http://127.0.0.1:{auth_flow["http"]}/dry_run', timeout=30)
     assert dry_run.status_code == 200 and set(dry_run.json()) == {'code'}
@@ -88,8 +94,9 @@ def test_health_checks_stay_open_and_say_only_ready_or_not(auth_flow):
         assert check.status == health_pb2.HealthCheckResponse.SERVING
         status = jina_pb2_grpc.JinaGatewayDryRunRPCStub(channel).dry_run(Empty(), timeout=30)
         assert status == jina_pb2.StatusProto(code=status.code)  # nothing but the code
-        readiness = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service='readiness'),
-                                                              timeout=30)
+        readiness = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service='readiness'), timeout=30
+        )
         assert readiness.status == health_pb2.HealthCheckResponse.SERVING
     for port in (auth_flow['http'], auth_flow['websocket']):
         for path, word in (('/readyz', 'ready'), ('/livez', 'live')):
@@ -139,9 +146,13 @@ def _start(env):
     (folder / 'auth.yml').write_text(yaml.safe_dump(config, sort_keys=False))
     log = folder / 'log.txt'
     with open(log, 'w') as out:
-        process = subprocess.Popen([str(Path(sys.executable).parent / 'jina'), 'flow', '--uses', str(folder / 'auth.yml')],
-                                   env={**os.environ, 'CLIPSERVE_MODEL': TINY, 'COLUMNS': '300', **env},
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / 'jina'), 'flow', '--uses', str(folder / 'auth.yml')],
+            env={**os.environ, 'CLIPSERVE_MODEL': TINY, 'COLUMNS': '300', **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.time() + 120
     try:
         while process.poll() is None and time.time() < deadline:

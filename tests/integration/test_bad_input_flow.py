@@ -28,10 +28,13 @@ def expect_error(ports, docs, *fragments, parameters=None):
     return message
 
 
-@pytest.mark.parametrize('blob, reason', [
-    (b'definitely not an image', 'decode'),
-    (make_image(fmt='JPEG')[:200], 'truncated'),
-])
+@pytest.mark.parametrize(
+    'blob, reason',
+    [
+        (b'definitely not an image', 'decode'),
+        (make_image(fmt='JPEG')[:200], 'truncated'),
+    ],
+)
 def test_undecodable_image(tiny_flow, blob, reason):
     docs = DocumentArray([Document(id='good', text='fine'), Document(id='broken-1', blob=blob)])
     message = expect_error(tiny_flow, docs, 'broken-1', reason)
@@ -39,7 +42,9 @@ def test_undecodable_image(tiny_flow, blob, reason):
 
 
 def test_every_bad_document_is_named(tiny_flow):
-    docs = DocumentArray([Document(id=f'bad-{i}', blob=b'xx') for i in range(3)] + [Document(id='ok', blob=make_image())])
+    docs = DocumentArray(
+        [Document(id=f'bad-{i}', blob=b'xx') for i in range(3)] + [Document(id='ok', blob=make_image())]
+    )
     expect_error(tiny_flow, docs, 'bad-0', 'bad-1', 'bad-2', '3 document(s)')
 
 
@@ -57,12 +62,15 @@ def test_bad_tensor(tiny_flow):
     expect_error(tiny_flow, DocumentArray([Document(id='rank5', tensor=np.zeros((2, 2, 2, 2, 2)))]), 'rank5')
 
 
-@pytest.mark.parametrize('uri, reason', [
-    ('/etc/passwd', 'allow_local_files'),
-    ('file:///etc/passwd', 'allow_local_files'),
-    ('http://example.com/cat.jpg', 'allow_remote_uris'),
-    ('data:image/png;base64,!!!', 'base64'),
-])
+@pytest.mark.parametrize(
+    'uri, reason',
+    [
+        ('/etc/passwd', 'allow_local_files'),
+        ('file:///etc/passwd', 'allow_local_files'),
+        ('http://example.com/cat.jpg', 'allow_remote_uris'),
+        ('data:image/png;base64,!!!', 'base64'),
+    ],
+)
 def test_disallowed_or_malformed_uri(tiny_flow, uri, reason):
     expect_error(tiny_flow, DocumentArray([Document(id='u1', uri=uri)]), 'u1', reason)
 
@@ -71,10 +79,13 @@ def test_data_uri_that_is_not_an_image(tiny_flow):
     expect_error(tiny_flow, DocumentArray([Document(id='txt', uri=data_uri(b'hello', 'text/plain'))]), 'txt')
 
 
-@pytest.mark.parametrize('parameters, name', [
-    ({'drop_image_content': 'yes'}, 'drop_image_content'),
-    ({'access_paths': 7}, 'access_paths'),
-])
+@pytest.mark.parametrize(
+    'parameters, name',
+    [
+        ({'drop_image_content': 'yes'}, 'drop_image_content'),
+        ({'access_paths': 7}, 'access_paths'),
+    ],
+)
 def test_known_parameter_with_wrong_type(tiny_flow, parameters, name):
     expect_error(tiny_flow, DocumentArray([Document(text='x')]), name, parameters=parameters)
 

@@ -31,8 +31,13 @@ HUB = ROOT / 'executors' / 'hub'
 EXECUTORS = ['CLIPEncoder', 'CLIPRanker']
 IMAGE = 'clipserve:cpu-torch'  # a name only: nothing is pulled or run
 # The variables flows/*.yml read, and which constructor argument each one fills.
-ENV_ARGS = {'name': 'CLIPSERVE_MODEL', 'backend': 'CLIPSERVE_BACKEND', 'model_path': 'CLIPSERVE_MODEL_PATH',
-            'device': 'CLIPSERVE_DEVICE', 'dtype': 'CLIPSERVE_DTYPE'}
+ENV_ARGS = {
+    'name': 'CLIPSERVE_MODEL',
+    'backend': 'CLIPSERVE_BACKEND',
+    'model_path': 'CLIPSERVE_MODEL_PATH',
+    'device': 'CLIPSERVE_DEVICE',
+    'dtype': 'CLIPSERVE_DTYPE',
+}
 
 
 # Jina posts a telemetry event from every Flow, Executor and Client it starts unless this is set;
@@ -42,11 +47,19 @@ QUIET = {'JINA_OPTOUT_TELEMETRY': '1', 'COLUMNS': '1000', 'NO_VERSION_CHECK': '1
 
 def run(args, **kwargs):
     env = {**os.environ, **QUIET, **kwargs.pop('env', {})}
-    return subprocess.run([str(a) for a in args], cwd=kwargs.pop('cwd', ROOT), env=env, capture_output=True,
-                          text=True, timeout=kwargs.pop('timeout', 120), **kwargs)
+    return subprocess.run(
+        [str(a) for a in args],
+        cwd=kwargs.pop('cwd', ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=kwargs.pop('timeout', 120),
+        **kwargs,
+    )
 
 
 # ---- Dockerfile ---------------------------------------------------------------------------------
+
 
 def test_dockerfile_passes_hadolint():
     result = run([BIN / 'hadolint', 'Dockerfile'])
@@ -76,8 +89,7 @@ def test_dockerfile_installs_what_ci_installs():
 
 
 def test_dockerignore_sends_what_the_dockerfile_copies():
-    kept = {line[1:].strip('/') for line in (ROOT / '.dockerignore').read_text().splitlines()
-            if line.startswith('!')}
+    kept = {line[1:].strip('/') for line in (ROOT / '.dockerignore').read_text().splitlines() if line.startswith('!')}
     sources = []
     for line in (ROOT / 'Dockerfile').read_text().splitlines():
         if line.startswith('COPY ') and '--from=' not in line:
@@ -91,6 +103,7 @@ def test_dockerignore_sends_what_the_dockerfile_copies():
 
 # ---- Executor Hub folders -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('name', EXECUTORS)
 def test_hub_config_lists_the_constructor_defaults(name):
     from clipserve.executor_base import CLIPExecutorBase
@@ -98,8 +111,11 @@ def test_hub_config_lists_the_constructor_defaults(name):
 
     config = yaml.safe_load((HUB / name / 'config.yml').read_text())
     assert config['jtype'] == name and config['py_modules'] == ['clipserve']
-    parameters = {p.name: p.default for p in inspect.signature(CLIPExecutorBase.__init__).parameters.values()
-                  if p.name not in ('self', 'kwargs', 'traversal_paths')}  # traversal_paths: deprecated alias
+    parameters = {
+        p.name: p.default
+        for p in inspect.signature(CLIPExecutorBase.__init__).parameters.values()
+        if p.name not in ('self', 'kwargs', 'traversal_paths')
+    }  # traversal_paths: deprecated alias
     assert set(config['with']) == set(parameters)
     for key, default in parameters.items():
         value = config['with'][key]
@@ -120,8 +136,24 @@ def test_hub_folder_has_readme_and_requirements_pointing_at_this_checkout(name):
     for fragment in ('jinaai://', 'jinahub://', f'executors/hub/{name}/config.yml', 'not published'):
         assert fragment in readme, fragment
     # run from the folder, as the file says: the path resolves to this repository, with the torch extra
-    result = run([sys.executable, '-m', 'pip', 'install', '--dry-run', '--no-deps', '--no-build-isolation',
-                  '--quiet', '--report', '-', '-r', 'requirements.txt'], cwd=folder, timeout=300)
+    result = run(
+        [
+            sys.executable,
+            '-m',
+            'pip',
+            'install',
+            '--dry-run',
+            '--no-deps',
+            '--no-build-isolation',
+            '--quiet',
+            '--report',
+            '-',
+            '-r',
+            'requirements.txt',
+        ],
+        cwd=folder,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     [item] = report['install']
@@ -132,9 +164,23 @@ def _start_executor(name, port, log_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith('CLIPSERVE_')}
     env.update({'CLIPSERVE_MODEL': TINY, **QUIET})
     log = open(log_path, 'w')  # a file, not a pipe: a full pipe would block the server
-    return subprocess.Popen([str(BIN / 'jina'), 'executor', '--uses', f'executors/hub/{name}/config.yml',
-                             '--name', name.lower(), '--port', str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            str(BIN / 'jina'),
+            'executor',
+            '--uses',
+            f'executors/hub/{name}/config.yml',
+            '--name',
+            name.lower(),
+            '--port',
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize('name', EXECUTORS)
@@ -172,9 +218,11 @@ def test_flow_uses_the_hub_configs(monkeypatch):
 
     monkeypatch.setenv('JINA_OPTOUT_TELEMETRY', '1')
 
-    flow = (Flow(port=free_port())
-            .add(name='encoder', uses=str(HUB / 'CLIPEncoder' / 'config.yml'), uses_with={'name': TINY})
-            .add(name='ranker', uses=str(HUB / 'CLIPRanker' / 'config.yml'), uses_with={'name': TINY}))
+    flow = (
+        Flow(port=free_port())
+        .add(name='encoder', uses=str(HUB / 'CLIPEncoder' / 'config.yml'), uses_with={'name': TINY})
+        .add(name='ranker', uses=str(HUB / 'CLIPRanker' / 'config.yml'), uses_with={'name': TINY})
+    )
     with flow:
         out = flow.post('/', DocumentArray([Document(text='hi')]))
         assert out[0].embedding.shape == (64,)
@@ -183,6 +231,7 @@ def test_flow_uses_the_hub_configs(monkeypatch):
 
 
 # ---- Kubernetes and docker-compose exports ------------------------------------------------------
+
 
 def containerized(flow_name, image=IMAGE, env=None, **executor_extra):
     """A shipped Flow with its executors swapped for the container image, as exports need.
@@ -219,8 +268,12 @@ SHIPPED_FLOWS = sorted(p.name for p in (ROOT / 'flows').glob('*.yml') if p.name 
 # jina too. And Jina's exporter asks Docker Hub which jina image tags exist (falling back to 'master',
 # a value it then does not use for our images): the proxy on a closed loopback port makes that fail
 # at once, without leaving this machine.
-EXPORT_ENV = {'JINA_GATEWAY_IMAGE': IMAGE, 'HTTPS_PROXY': 'http://127.0.0.1:9', 'HTTP_PROXY': 'http://127.0.0.1:9',
-              'NO_PROXY': ''}
+EXPORT_ENV = {
+    'JINA_GATEWAY_IMAGE': IMAGE,
+    'HTTPS_PROXY': 'http://127.0.0.1:9',
+    'HTTP_PROXY': 'http://127.0.0.1:9',
+    'NO_PROXY': '',
+}
 
 
 def _export(kind, flow_file, out):
@@ -264,8 +317,11 @@ def test_kubernetes_export_of_shipped_flow_validates(flow_name, tmp_path):
     report = _k8s_validate(files)
     assert 'passed for resource deployment/gateway' in report, report
     docs = _k8s_documents(tmp_path / 'k8s')
-    workers = [d for d in docs if d['kind'] == 'Deployment'
-               and d['spec']['template']['metadata']['labels']['pod_type'] == 'WORKER']
+    workers = [
+        d
+        for d in docs
+        if d['kind'] == 'Deployment' and d['spec']['template']['metadata']['labels']['pod_type'] == 'WORKER'
+    ]
     assert workers
     for deployment in workers:
         assert deployment['spec']['replicas'] == 2
@@ -296,7 +352,7 @@ def _readme_yaml(first_line):
     """The README's YAML block that starts with `first_line`, dedented."""
     readme = (ROOT / 'README.md').read_text()
     start = readme.rindex('\n', 0, readme.index(first_line)) + 1  # the line's start, indentation included
-    block = readme[start:readme.index('```', start)]
+    block = readme[start : readme.index('```', start)]
     indent = len(block) - len(block.lstrip(' '))
     return yaml.safe_load('\n'.join(line[indent:] for line in block.splitlines()))
 
@@ -320,8 +376,11 @@ def test_readme_network_policy_admits_only_the_gateway_and_heads_to_executors(tm
     flow_file = tmp_path / 'shards.yml'
     flow_file.write_text(yaml.safe_dump(containerized('shards.yml'), sort_keys=False))
     _export('kubernetes', flow_file, tmp_path / 'k8s')
-    pods = {d['metadata']['name']: d['spec']['template']['metadata']['labels']
-            for d in _k8s_documents(tmp_path / 'k8s') if d['kind'] == 'Deployment'}
+    pods = {
+        d['metadata']['name']: d['spec']['template']['metadata']['labels']
+        for d in _k8s_documents(tmp_path / 'k8s')
+        if d['kind'] == 'Deployment'
+    }
     kinds = {labels['pod_type'] for labels in pods.values()}
     assert kinds == {'GATEWAY', 'HEAD', 'WORKER'}, pods
     assert policy['metadata']['namespace'] == 'clipserve' and policy['spec']['policyTypes'] == ['Ingress']
@@ -338,8 +397,11 @@ def test_gpu_request_reaches_both_exports(tmp_path):
     flow_file.write_text(yaml.safe_dump(containerized('torch.yml', image='clipserve:cuda', gpus=1), sort_keys=False))
     _export('kubernetes', flow_file, tmp_path / 'k8s')
     _k8s_validate(sorted((tmp_path / 'k8s').rglob('*.yml')))
-    [deployment] = [d for d in _k8s_documents(tmp_path / 'k8s') if d['kind'] == 'Deployment'
-                    and d['spec']['template']['metadata']['labels']['pod_type'] == 'WORKER']
+    [deployment] = [
+        d
+        for d in _k8s_documents(tmp_path / 'k8s')
+        if d['kind'] == 'Deployment' and d['spec']['template']['metadata']['labels']['pod_type'] == 'WORKER'
+    ]
     [container] = deployment['spec']['template']['spec']['containers']
     assert container['resources']['limits'] == {'nvidia.com/gpu': '1'}
     _export('docker-compose', flow_file, tmp_path / 'docker-compose.yml')
@@ -434,6 +496,7 @@ def test_readme_readiness_probe_patch_gives_valid_manifests(tmp_path):
 
 # ---- the Dockerfile's recipe, run without Docker --------------------------------------------------
 
+
 def dockerfile_stages():
     """The Dockerfile as {stage name: [(instruction, argument text)]}, continuation lines joined."""
     text = re.sub(r'\\\n', ' ', (ROOT / 'Dockerfile').read_text())
@@ -490,8 +553,12 @@ def test_dockerfile_recipe_serves_without_docker(tmp_path):
     build_dir = copy_into('builder', {'EXECUTOR': 'CLIPEncoder'})
     [script] = [arg for instruction, arg in stages['builder'] if instruction == 'RUN' and arg.startswith('set -eu')]
     script = script.replace('/opt/venv', str(venv))
-    build = run(['sh', '-c', script], cwd=build_dir, timeout=900,
-                env={'VARIANT': 'cpu-onnx', 'WITH_TENSORRT': 'false', 'TORCH_CPU_INDEX': ''})
+    build = run(
+        ['sh', '-c', script],
+        cwd=build_dir,
+        timeout=900,
+        env={'VARIANT': 'cpu-onnx', 'WITH_TENSORRT': 'false', 'TORCH_CPU_INDEX': ''},
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
 
     # runtime + variant-cpu-onnx: files, environment, command
@@ -509,35 +576,53 @@ def test_dockerfile_recipe_serves_without_docker(tmp_path):
     model = tmp_path / 'model'
     export_onnx(TINY, model)  # exporting needs torch: done here; the image only serves
     cache = tmp_path / 'cache'
-    env.update({'CLIPSERVE_CACHE': str(cache), 'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_MODEL_PATH': str(model),
-                'HOME': str(tmp_path / 'home'), **QUIET})
+    env.update(
+        {
+            'CLIPSERVE_CACHE': str(cache),
+            'CLIPSERVE_MODEL': TINY,
+            'CLIPSERVE_MODEL_PATH': str(model),
+            'HOME': str(tmp_path / 'home'),
+            **QUIET,
+        }
+    )
     (tmp_path / 'home').mkdir()
     with socket.socket() as s:  # the image's command serves on 51000: it must be ours that answers there
         assert s.connect_ex(('127.0.0.1', 51000)) != 0, 'port 51000 is taken by another server'
     executor_port = free_port()
     commands = {
         'flow': [str(venv / 'bin' / entrypoint[0]), *entrypoint[1:], *cmd],  # serves on 51000, as in the image
-        'executor': [str(venv / 'bin' / 'jina'), 'executor', '--uses', 'config.yml', '--name', 'clip_t',
-                     '--port', str(executor_port)],
+        'executor': [
+            str(venv / 'bin' / 'jina'),
+            'executor',
+            '--uses',
+            'config.yml',
+            '--name',
+            'clip_t',
+            '--port',
+            str(executor_port),
+        ],
     }
     processes = {}
     try:
         for name, command in commands.items():
             log = open(tmp_path / f'{name}.log', 'w')
-            processes[name] = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True)
+            processes[name] = subprocess.Popen(
+                command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         probe = [str(venv / 'bin' / healthcheck[0]), *healthcheck[1:]]
         deadline = time.time() + 180
         while subprocess.run(probe, env=env, capture_output=True).returncode != 0:
             assert processes['flow'].poll() is None, (tmp_path / 'flow.log').read_text()[-3000:]
             assert time.time() < deadline, 'HEALTHCHECK not passing after 180 s'
             time.sleep(1)
-        check = ('from jina import Client; from docarray import Document, DocumentArray; import sys\n'
-                 'for port in sys.argv[1:]:\n'
-                 '    c = Client(host="127.0.0.1", port=int(port))\n'
-                 '    assert c.post("/", DocumentArray([Document(text="hi")]))[0].embedding.shape == (64,)\n'
-                 '    [info] = c.post("/clipserve/info", return_responses=True)[0].parameters["__results__"].values()\n'
-                 '    assert info["backend"] == "onnx" and not info["torch_imported"], info\n')
+        check = (
+            'from jina import Client; from docarray import Document, DocumentArray; import sys\n'
+            'for port in sys.argv[1:]:\n'
+            '    c = Client(host="127.0.0.1", port=int(port))\n'
+            '    assert c.post("/", DocumentArray([Document(text="hi")]))[0].embedding.shape == (64,)\n'
+            '    [info] = c.post("/clipserve/info", return_responses=True)[0].parameters["__results__"].values()\n'
+            '    assert info["backend"] == "onnx" and not info["torch_imported"], info\n'
+        )
         result = run([venv / 'bin' / 'python', '-c', check, '51000', executor_port], env=env, timeout=120)
         assert result.returncode == 0, result.stderr[-3000:] + (tmp_path / 'executor.log').read_text()[-2000:]
     finally:

@@ -95,7 +95,9 @@ def test_drop_image_content_default_false_on_server(tiny_flow):
     png = make_image()
     out = jina_client(tiny_flow).post('/', DocumentArray([Document(blob=png)]))
     assert out[0].blob == png and out[0].embedding is not None
-    out = jina_client(tiny_flow).post('/', DocumentArray([Document(blob=png, uri='x')]), parameters={'drop_image_content': True})
+    out = jina_client(tiny_flow).post(
+        '/', DocumentArray([Document(blob=png, uri='x')]), parameters={'drop_image_content': True}
+    )
     assert not out[0].blob and out[0].uri == 'x'
 
 

@@ -31,10 +31,14 @@ def rgb(width=40, height=30, seed=0):
 
 def png_bomb(width=100_000, height=100_000) -> bytes:
     """A ~100-byte PNG whose header declares 10 gigapixels."""
+
     def chunk(kind, data):
         return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+
     header = struct.pack('>IIBBBBB', width, height, 1, 0, 0, 0, 0)
-    return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(b'\0' * 64)) + chunk(b'IEND', b'')
+    return (
+        b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(b'\0' * 64)) + chunk(b'IEND', b'')
+    )
 
 
 def animated_gif() -> bytes:
@@ -87,8 +91,9 @@ def test_odd_but_valid_images_encode(tiny_flow, case):
 
 def test_exif_orientation_is_honoured(tiny_flow):
     upright = rgb(60, 20).transpose(Image.Transpose.ROTATE_270)  # what orientation 6 means
-    out = client(tiny_flow).post('/', DocumentArray([Document(blob=exif_rotated_jpeg()),
-                                                     Document(blob=encoded(upright, 'JPEG'))]))
+    out = client(tiny_flow).post(
+        '/', DocumentArray([Document(blob=exif_rotated_jpeg()), Document(blob=encoded(upright, 'JPEG'))])
+    )
     assert np.corrcoef(out[0].embedding, out[1].embedding)[0, 1] > 0.99
 
 
@@ -101,20 +106,31 @@ def test_bad_images_get_a_clear_error_naming_the_document(tiny_flow, case):
     assert_serving(tiny_flow)
 
 
-@pytest.mark.parametrize('tensor', [np.zeros((2, 2, 2, 2)), np.zeros((8, 8, 7)), np.full((8, 8, 3), np.inf),
-                                    np.array([['a', 'b'], ['c', 'd']]), np.zeros((0, 8, 3))])
+@pytest.mark.parametrize(
+    'tensor',
+    [
+        np.zeros((2, 2, 2, 2)),
+        np.zeros((8, 8, 7)),
+        np.full((8, 8, 3), np.inf),
+        np.array([['a', 'b'], ['c', 'd']]),
+        np.zeros((0, 8, 3)),
+    ],
+)
 def test_bad_tensors(tiny_flow, tensor):
     with pytest.raises(BadServer, match='tensor'):
         client(tiny_flow).post('/', DocumentArray([Document(id='tensor', tensor=tensor)]))
     assert_serving(tiny_flow)
 
 
-@pytest.mark.parametrize('uri, reason', [
-    ('data:image/png;base64,' + 'A' * (30 * 1024 * 1024), 'larger than the limit'),
-    ('data:image/png;base64,%%%', 'base64'),
-    ('data:image/png,' + 'x' * 100, 'decode'),
-    ('data:', 'no comma'),
-])
+@pytest.mark.parametrize(
+    'uri, reason',
+    [
+        ('data:image/png;base64,' + 'A' * (30 * 1024 * 1024), 'larger than the limit'),
+        ('data:image/png;base64,%%%', 'base64'),
+        ('data:image/png,' + 'x' * 100, 'decode'),
+        ('data:', 'no comma'),
+    ],
+)
 def test_malformed_and_huge_data_uris(tiny_flow, uri, reason):
     with pytest.raises(BadServer) as err:
         client(tiny_flow).post('/', DocumentArray([Document(id='uri', uri=uri)]))
@@ -122,7 +138,9 @@ def test_malformed_and_huge_data_uris(tiny_flow, uri, reason):
     assert_serving(tiny_flow)
 
 
-@pytest.mark.parametrize('text', ['word ' * 200_000, ''.join(map(chr, range(1, 32))) * 100, '🐶🐱🦊' * 1000, '\u200b' * 5000])
+@pytest.mark.parametrize(
+    'text', ['word ' * 200_000, ''.join(map(chr, range(1, 32))) * 100, '🐶🐱🦊' * 1000, '\u200b' * 5000]
+)
 def test_huge_and_strange_texts_are_truncated_never_errors(tiny_flow, text):
     out = client(tiny_flow).post('/', DocumentArray([Document(text=text)]))
     assert out[0].embedding.shape == (64,) and np.isfinite(out[0].embedding).all()
@@ -135,13 +153,16 @@ def test_a_request_of_ten_thousand_documents(tiny_flow):
     assert out.embeddings.shape == (10_000, 64)
 
 
-@pytest.mark.parametrize('parameters, name', [
-    ({'drop_image_content': 3}, 'drop_image_content'),
-    ({'drop_image_content': None}, 'drop_image_content'),
-    ({'access_paths': ['@r']}, 'access_paths'),
-    ({'traversal_paths': ''}, 'traversal_paths'),
-    ({'allow_empty_matches': 'maybe'}, 'allow_empty_matches'),
-])
+@pytest.mark.parametrize(
+    'parameters, name',
+    [
+        ({'drop_image_content': 3}, 'drop_image_content'),
+        ({'drop_image_content': None}, 'drop_image_content'),
+        ({'access_paths': ['@r']}, 'access_paths'),
+        ({'traversal_paths': ''}, 'traversal_paths'),
+        ({'allow_empty_matches': 'maybe'}, 'allow_empty_matches'),
+    ],
+)
 def test_known_parameters_with_wrong_types_or_values(tiny_flow, parameters, name):
     endpoint = '/rank' if 'allow_empty_matches' in parameters else '/'
     docs = DocumentArray([Document(text='q', matches=[Document(text='m')])])

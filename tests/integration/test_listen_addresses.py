@@ -34,13 +34,18 @@ def _is_loopback(address) -> bool:
 def test_every_shipped_flow_keeps_its_executors_on_loopback():
     for path in sorted((ROOT / 'flows').glob('*.yml')):
         for executor in yaml.safe_load(path.read_text())['executors']:
-            assert executor.get('host') == '127.0.0.1', f'{path.name}: executor {executor["name"]} listens beyond loopback'
+            assert executor.get('host') == '127.0.0.1', (
+                f'{path.name}: executor {executor["name"]} listens beyond loopback'
+            )
 
 
-@pytest.mark.parametrize('flow_name, edit', [
-    ('shards.yml', lambda c: c['executors'][0].update(replicas=2)),  # a head, two shards of two replicas
-    ('auth.yml', None),
-])
+@pytest.mark.parametrize(
+    'flow_name, edit',
+    [
+        ('shards.yml', lambda c: c['executors'][0].update(replicas=2)),  # a head, two shards of two replicas
+        ('auth.yml', None),
+    ],
+)
 def test_only_the_gateway_listens_beyond_loopback(flow_name, edit, tmp_path, monkeypatch):
     config = yaml.safe_load((ROOT / 'flows' / flow_name).read_text())
     gateway_ports = [free_port() for _ in range(len(config.get('gateway', {}).get('protocol', [0])))]

@@ -15,8 +15,10 @@ from .conftest import TINY, make_image
 
 
 def _docs(i, n, texts=3, images=1):
-    return DocumentArray([Document(id=f'{i}-{n}-{k}', text=f'client {i} request {n} doc {k}') for k in range(texts)]
-                         + [Document(id=f'{i}-{n}-img{k}', blob=make_image(seed=(n + k) % 5)) for k in range(images)])
+    return DocumentArray(
+        [Document(id=f'{i}-{n}-{k}', text=f'client {i} request {n} doc {k}') for k in range(texts)]
+        + [Document(id=f'{i}-{n}-img{k}', blob=make_image(seed=(n + k) % 5)) for k in range(images)]
+    )
 
 
 def _check(sent, got):
@@ -32,15 +34,18 @@ def test_soak_short_variant():
         before = rss_mb(pid)
         report = soak(flow.port, 4, 50, _docs, _check)
         after = rss_mb(pid)
-    print(f"\nsoak: {report['requests']} requests in {report['seconds']:.1f}s, errors {len(report['errors'])}, "
-          f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, rss {before:.0f} -> {after:.0f} MB")
+    print(
+        f'\nsoak: {report["requests"]} requests in {report["seconds"]:.1f}s, errors {len(report["errors"])}, '
+        f'p50 {report["p50_ms"]:.1f} ms, p99 {report["p99_ms"]:.1f} ms, rss {before:.0f} -> {after:.0f} MB'
+    )
     assert report['errors'] == []
     assert after < before * 1.10, f'resident memory grew from {before:.0f} to {after:.0f} MB'
 
 
 def _info(port):
-    responses = Client(host='127.0.0.1', port=port).post('/clipserve/info', DocumentArray([Document()]),
-                                                         return_responses=True)
+    responses = Client(host='127.0.0.1', port=port).post(
+        '/clipserve/info', DocumentArray([Document()]), return_responses=True
+    )
     return next(iter(responses[0].parameters['__results__'].values()))
 
 
@@ -96,8 +101,10 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
         # and the Flow keeps serving on the surviving replica
         out = Client(host='127.0.0.1', port=flow.port).post('/', DocumentArray([Document(text='after the crash')]))
         assert out[0].embedding is not None
-        print(f"\nreplica kill: a request waited {stuck:.1f}s on the frozen replica; "
-              f"{results.count('ok')} ok, {results.count('error')} failed visibly, 0 wrong")
+        print(
+            f'\nreplica kill: a request waited {stuck:.1f}s on the frozen replica; '
+            f'{results.count("ok")} ok, {results.count("error")} failed visibly, 0 wrong'
+        )
 
 
 def _threads(pid):
@@ -125,8 +132,9 @@ def test_clients_disconnecting_mid_request_leak_no_work(tmp_path):
 
         def disconnect_rounds(rounds):
             for _ in range(rounds):
-                client = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL)
+                client = subprocess.Popen(
+                    [sys.executable, '-c', script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
                 time.sleep(2.5)  # mid-stream
                 client.kill()
                 client.wait()

@@ -20,8 +20,12 @@ def servers(tmp_path_factory):
     torch_port, onnx_port = free_port(), free_port()
     folder = tmp_path_factory.mktemp('flows')
     torch_flow = flow_from_yaml('torch.yml', folder, lambda c: set_port(c, torch_port), {'CLIPSERVE_MODEL': MODEL})
-    onnx_flow = flow_from_yaml('onnx.yml', folder, lambda c: set_port(c, onnx_port),
-                               {'CLIPSERVE_MODEL': MODEL, 'CLIPSERVE_MODEL_PATH': str(exported)})
+    onnx_flow = flow_from_yaml(
+        'onnx.yml',
+        folder,
+        lambda c: set_port(c, onnx_port),
+        {'CLIPSERVE_MODEL': MODEL, 'CLIPSERVE_MODEL_PATH': str(exported)},
+    )
     with torch_flow, onnx_flow:
         yield {'torch': torch_port, 'onnx': onnx_port}
 
@@ -50,7 +54,8 @@ def test_rank_through_the_onnx_flow(servers):
 
 def test_onnx_executor_process_never_imported_torch(servers):
     responses = JinaClient(host='127.0.0.1', port=servers['onnx']).post(
-        '/clipserve/info', DocumentArray([Document()]), return_responses=True)
+        '/clipserve/info', DocumentArray([Document()]), return_responses=True
+    )
     results = responses[0].parameters['__results__']
     info = next(v for k, v in results.items() if k.startswith('clip_o'))
     assert info['backend'] == 'onnx' and info['model'] == MODEL

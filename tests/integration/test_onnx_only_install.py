@@ -38,8 +38,14 @@ def test_onnx_extra_alone_serves_an_exported_model(tmp_path, tiny_backend):
     flow_file.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, 'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_MODEL_PATH': str(exported), 'COLUMNS': '1000'}
     log = open(tmp_path / 'flow.log', 'w')
-    server = subprocess.Popen([str(venv / 'bin' / 'jina'), 'flow', '--uses', str(flow_file)], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [str(venv / 'bin' / 'jina'), 'flow', '--uses', str(flow_file)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while not JinaClient(host='127.0.0.1', port=port).is_flow_ready(timeout=1):

@@ -19,11 +19,11 @@ from .conftest import TINY, data_uri, flow_from_yaml, free_port, make_image, set
 @pytest.fixture(scope='module', params=['torch.yml', 'rank.yml'])
 def rank_server(request, tmp_path_factory):
     port = free_port()
-    flow = flow_from_yaml(request.param, tmp_path_factory.mktemp('flows'), lambda c: set_port(c, port),
-                          {'CLIPSERVE_MODEL': TINY})
+    flow = flow_from_yaml(
+        request.param, tmp_path_factory.mktemp('flows'), lambda c: set_port(c, port), {'CLIPSERVE_MODEL': TINY}
+    )
     with flow:
         yield f'grpc://127.0.0.1:{port}'
-
 
 
 def _texts(*texts):
@@ -103,8 +103,11 @@ def _post(server, docs, parameters=None):
 def test_query_without_matches_is_an_error_naming_it(rank_server):
     with pytest.raises(BadServer, match='lonely'):
         _post(rank_server, DocumentArray([Document(id='lonely', text='q')]))
-    out = _post(rank_server, DocumentArray([Document(id='lonely', text='q'), CASES['text->texts']()]),
-                {'allow_empty_matches': True})
+    out = _post(
+        rank_server,
+        DocumentArray([Document(id='lonely', text='q'), CASES['text->texts']()]),
+        {'allow_empty_matches': True},
+    )
     assert len(out[0].matches) == 0
     assert len(out[1].matches) == 3
 
@@ -127,8 +130,9 @@ def test_drop_image_content_is_honoured_on_rank(rank_server):
 def test_http_json_as_documented(tmp_path_factory):
     """clip-as-service's documented raw JSON (POST /post) against the HTTP gateway of flows/multi-protocol.yml."""
     ports = [free_port() for _ in range(3)]
-    flow = flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports),
-                          {'CLIPSERVE_MODEL': TINY})
+    flow = flow_from_yaml(
+        'multi-protocol.yml', tmp_path_factory.mktemp('flows'), lambda c: set_port(c, ports), {'CLIPSERVE_MODEL': TINY}
+    )
     with flow:
         url = f'http://127.0.0.1:{ports[1]}/post'
         png = make_image(seed=3)

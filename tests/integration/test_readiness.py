@@ -68,8 +68,11 @@ def held_flow(flow_name: str, tmp_path: Path, ports: list[int], protocols: list[
     if protocols:
         config['gateway']['protocol'] = protocols
     [executor] = config['executors']
-    executor['uses'] = {'jtype': 'HeldCLIPEncoder', 'py_modules': ['clipserve', str(HELD)],
-                        'with': {'name': TINY, 'hold_dir': str(tmp_path)}}
+    executor['uses'] = {
+        'jtype': 'HeldCLIPEncoder',
+        'py_modules': ['clipserve', str(HELD)],
+        'with': {'name': TINY, 'hold_dir': str(tmp_path)},
+    }
     path = tmp_path / flow_name
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -78,8 +81,14 @@ def held_flow(flow_name: str, tmp_path: Path, ports: list[int], protocols: list[
 def start(flow_file: Path, tmp_path: Path) -> subprocess.Popen:
     log = open(tmp_path / 'flow.log', 'w')
     env = {**os.environ, 'JINA_OPTOUT_TELEMETRY': '1', 'JINA_LOG_LEVEL': 'INFO'}
-    return subprocess.Popen([BIN / 'jina', 'flow', '--uses', str(flow_file)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, cwd=tmp_path)
+    return subprocess.Popen(
+        [BIN / 'jina', 'flow', '--uses', str(flow_file)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
 
 
 def encode_one(port: int) -> bool:
@@ -90,10 +99,13 @@ def encode_one(port: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize('flow_name, held_copy', [
-    ('shards.yml', 'clip_t_shard-1_rep-0'),
-    ('replicas.yml', 'clip_t_rep-1'),
-])
+@pytest.mark.parametrize(
+    'flow_name, held_copy',
+    [
+        ('shards.yml', 'clip_t_shard-1_rep-0'),
+        ('replicas.yml', 'clip_t_rep-1'),
+    ],
+)
 def test_not_ready_while_one_copy_loads_then_ready(flow_name, held_copy, tmp_path):
     grpc_port, http_port = free_port(), free_port()
     hold = tmp_path / f'{held_copy}.hold'
@@ -110,14 +122,22 @@ def test_not_ready_while_one_copy_loads_then_ready(flow_name, held_copy, tmp_pat
             assert health(grpc_port) == 'NOT_SERVING'
             assert http_get(http_port, '/readyz') == 503
             time.sleep(0.5)
-        not_ready = subprocess.run([sys.executable, '-m', 'clipserve', 'ready', f'127.0.0.1:{grpc_port}'],
-                                   capture_output=True, text=True, timeout=120)
+        not_ready = subprocess.run(
+            [sys.executable, '-m', 'clipserve', 'ready', f'127.0.0.1:{grpc_port}'],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert not_ready.returncode == 1 and 'not ready' in not_ready.stdout
         hold.unlink()
         wait_for(lambda: health(grpc_port) == 'SERVING', 120, 'readiness after the held copy loaded')
         assert http_get(http_port, '/readyz') == 200
-        ready = subprocess.run([sys.executable, '-m', 'clipserve', 'ready', f'127.0.0.1:{grpc_port}'],
-                               capture_output=True, text=True, timeout=120)
+        ready = subprocess.run(
+            [sys.executable, '-m', 'clipserve', 'ready', f'127.0.0.1:{grpc_port}'],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert ready.returncode == 0, ready.stdout + ready.stderr
         # and at that point every copy serves
         if flow_name == 'replicas.yml':
@@ -126,8 +146,11 @@ def test_not_ready_while_one_copy_loads_then_ready(flow_name, held_copy, tmp_pat
                 pids.update(replica_pids(grpc_port))
             assert len(pids) == 2
         else:
-            answers = Client(host='127.0.0.1', port=grpc_port).post(
-                '/clipserve/ready', DocumentArray([Document()]), return_responses=True)[0].docs
+            answers = (
+                Client(host='127.0.0.1', port=grpc_port)
+                .post('/clipserve/ready', DocumentArray([Document()]), return_responses=True)[0]
+                .docs
+            )
             assert sorted(d.tags['shard_id'] for d in answers) == [0, 1]
         log = (tmp_path / 'flow.log').read_text()
         assert 'warm-up' in log  # the ready line shows the warm-up's cost
@@ -148,8 +171,10 @@ def test_sigterm_drains_requests_in_flight_and_the_flow_says_not_ready(tmp_path)
         results, lock = {}, threading.Lock()
 
         def client(i):
-            docs = DocumentArray([Document(id=f'{i}-{k}', text=f'text {k}') for k in range(50)]
-                                 + [Document(id=f'{i}-img', blob=make_image(seed=i))])
+            docs = DocumentArray(
+                [Document(id=f'{i}-{k}', text=f'text {k}') for k in range(50)]
+                + [Document(id=f'{i}-img', blob=make_image(seed=i))]
+            )
             try:
                 out = Client(host='127.0.0.1', port=port).post('/', docs, request_size=100, timeout=120_000)
                 ok = len(out) == 51 and all(d.embedding is not None and d.embedding.shape == (64,) for d in out)

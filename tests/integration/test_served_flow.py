@@ -21,8 +21,15 @@ def start_flow(env_extra, log_path):
     env = {**os.environ, 'NO_VERSION_CHECK': '1', 'COLUMNS': '1000', **env_extra}  # rich must not wrap the log
     # a file, not a pipe: jina's tracebacks can fill a pipe's buffer and block the process
     log = open(log_path, 'w')
-    process = subprocess.Popen([JINA, 'flow', '--uses', 'flows/torch.yml'], cwd=ROOT, env=env,
-                               stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [JINA, 'flow', '--uses', 'flows/torch.yml'],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     process.log_path = log_path
     return process
 

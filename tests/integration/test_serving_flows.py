@@ -29,22 +29,25 @@ def reference(texts):
 
 
 def info(port, endpoint='/clipserve/info'):
-    responses = JinaClient(host='127.0.0.1', port=port).post(endpoint, DocumentArray([Document()]), return_responses=True)
+    responses = JinaClient(host='127.0.0.1', port=port).post(
+        endpoint, DocumentArray([Document()]), return_responses=True
+    )
     return responses[0].parameters['__results__']
 
 
 # ---- TLS ---------------------------------------------------------------------------------
+
 
 def clip_client_in_subprocess(url, ca_file=None):
     """clip-client in a fresh process: trust for TLS comes from environment variables read at start."""
     env = {**os.environ, 'NO_VERSION_CHECK': '1'}
     if ca_file:  # the build machines point both at the system bundle; the test certificate must win
         env.update(GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=str(ca_file), SSL_CERT_FILE=str(ca_file))
-    code = textwrap.dedent(f'''
+    code = textwrap.dedent(f"""
         from clip_client import Client
         out = Client({url!r}).encode(['a photo of a dog', 'over tls'])
         print('SHAPE', out.shape, out.dtype)
-    ''')
+    """)
     return subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -56,8 +59,9 @@ def test_clip_client_over_tls(tls_flow, certificate, scheme, protocol):
 
 def test_https_json(tls_flow, certificate):
     url = f'https://localhost:{tls_flow["http"]}/post'
-    reply = requests.post(url, json={'execEndpoint': '/', 'data': [{'text': 'hello'}]}, verify=str(certificate[0]),
-                          timeout=60)
+    reply = requests.post(
+        url, json={'execEndpoint': '/', 'data': [{'text': 'hello'}]}, verify=str(certificate[0]), timeout=60
+    )
     assert len(reply.json()['data'][0]['embedding']) == 64
 
 
@@ -70,10 +74,12 @@ def test_clients_that_do_not_trust_the_certificate_are_refused(tls_flow):
 
 # ---- replicas and shards -------------------------------------------------------------------
 
+
 def _scaled_flow(name, tmp_path_factory):
     port = free_port()
-    return flow_from_yaml(name, tmp_path_factory.mktemp('flows'), lambda c: set_port(c, port),
-                          {'CLIPSERVE_MODEL': TINY}), port
+    return flow_from_yaml(
+        name, tmp_path_factory.mktemp('flows'), lambda c: set_port(c, port), {'CLIPSERVE_MODEL': TINY}
+    ), port
 
 
 @pytest.mark.parametrize('name', ['replicas.yml', 'shards.yml'])
@@ -96,6 +102,7 @@ def test_scaled_flows_return_correct_embeddings_in_order(name, tmp_path_factory)
 
 # ---- monitoring ---------------------------------------------------------------------------
 
+
 def test_prometheus_serves_clipserve_metrics(tmp_path_factory):
     port, gateway_metrics, executor_metrics = free_port(), free_port(), free_port()
 
@@ -109,8 +116,12 @@ def test_prometheus_serves_clipserve_metrics(tmp_path_factory):
         with pytest.raises(BadServer):
             JinaClient(host='127.0.0.1', port=port).post('/', DocumentArray([Document(id='bad', blob=b'xx')]))
         metrics = urllib.request.urlopen(f'http://127.0.0.1:{executor_metrics}/', timeout=10).read().decode()
-        for name in ('clipserve_preprocess_seconds', 'clipserve_inference_seconds', 'clipserve_docs_per_request',
-                     'clipserve_errors_total'):
+        for name in (
+            'clipserve_preprocess_seconds',
+            'clipserve_inference_seconds',
+            'clipserve_docs_per_request',
+            'clipserve_errors_total',
+        ):
             assert name in metrics, name
         assert 'cause="invalid_document"' in metrics
         assert 'modality="text"' in metrics
@@ -163,6 +174,7 @@ def test_rank_with_model_name(multi_model):
 
 def test_unknown_model_lists_the_served_ones(multi_model):
     with pytest.raises(BadServer) as err:
-        JinaClient(host='127.0.0.1', port=multi_model).post('/encode/ViT-H-14::laion2b_s32b_b79k',
-                                                            DocumentArray([Document(text='x')]))
+        JinaClient(host='127.0.0.1', port=multi_model).post(
+            '/encode/ViT-H-14::laion2b_s32b_b79k', DocumentArray([Document(text='x')])
+        )
     assert 'ViT-H-14' in str(err.value) and SMALL in str(err.value) and LARGE in str(err.value)

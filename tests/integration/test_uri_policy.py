@@ -67,12 +67,15 @@ def test_loopback_is_refused_unless_allow_listed(server):
     assert UriPolicy(allow_remote=True, allowed_hosts=('127.0.0.0/8',)).load(f'{server}/image') == b'image-bytes'
 
 
-@pytest.mark.parametrize('target, reason', [
-    ('http://169.254.169.254/latest/meta-data/', 'non-public address 169.254.169.254'),
-    ('http://10.1.2.3/x.jpg', 'non-public address 10.1.2.3'),
-    ('http://[::1]/x.jpg', 'non-public address ::1'),
-    ('file:///etc/passwd', 'not allowed|non-http'),
-])
+@pytest.mark.parametrize(
+    'target, reason',
+    [
+        ('http://169.254.169.254/latest/meta-data/', 'non-public address 169.254.169.254'),
+        ('http://10.1.2.3/x.jpg', 'non-public address 10.1.2.3'),
+        ('http://[::1]/x.jpg', 'non-public address ::1'),
+        ('file:///etc/passwd', 'not allowed|non-http'),
+    ],
+)
 def test_redirects_to_forbidden_places_are_refused(server, target, reason):
     with pytest.raises(UriError, match=reason):
         allowed().load(f'{server}/redirect?{target}')
@@ -101,8 +104,9 @@ def test_executor_fetches_only_what_the_operator_allows(server):
 
     from clipserve import CLIPEncoder
 
-    flow = Flow().add(uses=CLIPEncoder, uses_with={'name': TINY, 'allow_remote_uris': True,
-                                                  'remote_allowed_hosts': ['127.0.0.1']})
+    flow = Flow().add(
+        uses=CLIPEncoder, uses_with={'name': TINY, 'allow_remote_uris': True, 'remote_allowed_hosts': ['127.0.0.1']}
+    )
     with flow:
         client = Client(port=flow.port)
         out = client.post('/', DocumentArray([Document(uri=f'{server}/png')]))

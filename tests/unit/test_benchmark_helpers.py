@@ -22,8 +22,11 @@ def test_bracketed_ratios_cancel_a_steady_drift_in_the_machine_speed():
 
 def test_bracketed_takes_the_baseline_around_every_measure():
     order = []
-    bracketed(lambda: order.append('b') or 1.0, {'x': lambda: order.append('x') or 1.0,
-                                                 'y': lambda: order.append('y') or 1.0}, rounds=2)
+    bracketed(
+        lambda: order.append('b') or 1.0,
+        {'x': lambda: order.append('x') or 1.0, 'y': lambda: order.append('y') or 1.0},
+        rounds=2,
+    )
     assert order == ['b', 'x', 'b', 'y', 'b'] * 2
 
 

@@ -31,8 +31,23 @@ def test_a_wheel_install_finds_them_under_its_prefix(tmp_path, monkeypatch):
 
 
 def test_the_wheel_carries_every_shipped_flow_where_the_cli_looks(tmp_path):
-    result = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-q',
-                             '-w', str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pip',
+            'wheel',
+            '--no-deps',
+            '--no-build-isolation',
+            '-q',
+            '-w',
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     [wheel] = tmp_path.glob('clipserve-*.whl')
     names = zipfile.ZipFile(wheel).namelist()

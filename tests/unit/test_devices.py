@@ -10,23 +10,36 @@ from clipserve.errors import BackendUnavailableError
 from ..conftest import TINY
 
 
-@pytest.mark.parametrize('text, device', [
-    (None, Device(None)), ('', Device(None)), ('auto', Device(None)), ('cpu', Device('cpu')),
-    ('cuda', Device('cuda')), ('cuda:0', Device('cuda', 0)), ('CUDA:2', Device('cuda', 2)), (' cuda:1 ', Device('cuda', 1)),
-])
+@pytest.mark.parametrize(
+    'text, device',
+    [
+        (None, Device(None)),
+        ('', Device(None)),
+        ('auto', Device(None)),
+        ('cpu', Device('cpu')),
+        ('cuda', Device('cuda')),
+        ('cuda:0', Device('cuda', 0)),
+        ('CUDA:2', Device('cuda', 2)),
+        (' cuda:1 ', Device('cuda', 1)),
+    ],
+)
 def test_device_names(text, device):
     assert parse_device(text, 'onnx') == device
 
 
 @pytest.mark.parametrize('text', ['cuda:x', 'cuda:', 'cuda:-1', 'cuda:1:2', 'gpu', 'cpu:0', 'mps', 'cuda 1', '0'])
 def test_malformed_devices_are_refused(text):
-    with pytest.raises(BackendUnavailableError, match='unknown device .* for the onnx backend; use "cpu", "cuda", "cuda:N"'):
+    with pytest.raises(
+        BackendUnavailableError, match='unknown device .* for the onnx backend; use "cpu", "cuda", "cuda:N"'
+    ):
         parse_device(text, 'onnx')
 
 
 def test_index_beyond_the_visible_gpus():
     check_index(Device('cuda', 0), 1, 'torch')
-    with pytest.raises(BackendUnavailableError, match="'cuda:7' was asked for, but the torch backend sees 1 CUDA device.*cuda:0"):
+    with pytest.raises(
+        BackendUnavailableError, match="'cuda:7' was asked for, but the torch backend sees 1 CUDA device.*cuda:0"
+    ):
         check_index(Device('cuda', 7), 1, 'torch')
 
 

@@ -10,33 +10,38 @@ import pytest
 
 from tests.conftest import TINY
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
-                                reason='triton is not installed here, so there is nothing to keep out')
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec('triton') is None, reason='triton is not installed here, so there is nothing to keep out'
+)
 
-CHECK = '''
+CHECK = """
 import sys
 from clipserve.lean_imports import keep_triton_out
 print('kept out:', keep_triton_out({device!r}))
 import open_clip
 from torch.utils._triton import has_triton_package
 print('triton imported:', sys.modules.get('triton') is not None, 'has_triton_package:', has_triton_package())
-'''
+"""
 
 
 def run(code: str, **env) -> list[str]:
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    done = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()
 
 
 def test_on_the_cpu_triton_is_kept_out_and_the_model_still_encodes():
-    lines = run(CHECK.format(device='cpu') + f'''
+    lines = run(
+        CHECK.format(device='cpu')
+        + f"""
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.models.tokenizer import Tokenizer
 backend = create_backend('torch', {TINY!r}, BackendOptions(device='cpu'))
 print('encoded:', backend.encode_texts(Tokenizer()(['a dog']).input_ids).shape == (1, backend.embed_dim))
-''')
+"""
+    )
     assert lines[-3:] == ['kept out: True', 'triton imported: False has_triton_package: False', 'encoded: True']
 
 

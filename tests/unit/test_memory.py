@@ -39,5 +39,5 @@ def test_cpu_image_batches_run_in_chunks_with_the_same_result(tiny_backend):
     together = tiny_backend.encode_images(pixels)
     assert tiny_backend.model_calls == calls + 1  # one minibatch, however it is chunked
     assert tiny_backend.cpu_image_chunk < len(pixels)
-    one_by_one = np.concatenate([tiny_backend.encode_images(pixels[i:i + 1]) for i in range(len(pixels))])
+    one_by_one = np.concatenate([tiny_backend.encode_images(pixels[i : i + 1]) for i in range(len(pixels))])
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)

@@ -62,8 +62,15 @@ def test_clip_as_service_dashed_tags_resolve():
     assert resolved.pretrained_cfg['hf_hub'].startswith('laion/')
 
 
-@pytest.mark.parametrize('name, quick_gelu', [('ViT-B-32::openai', True), ('ViT-B-32::laion400m_e32', True),
-                                              ('ViT-B-32::laion2b_s34b_b79k', False), ('ViT-B-32::random', False)])
+@pytest.mark.parametrize(
+    'name, quick_gelu',
+    [
+        ('ViT-B-32::openai', True),
+        ('ViT-B-32::laion400m_e32', True),
+        ('ViT-B-32::laion2b_s34b_b79k', False),
+        ('ViT-B-32::random', False),
+    ],
+)
 def test_activation_follows_the_weights(name, quick_gelu):
     from clipserve.models.registry import resolve
 

@@ -35,8 +35,13 @@ def _pixels(n=3, size=224):
 
 def test_export_layout_and_metadata(tiny_export):
     out, metadata = tiny_export
-    assert {p.name for p in out.iterdir()} == {'visual.onnx', 'visual.onnx.data', 'textual.onnx', 'textual.onnx.data',
-                                               'clipserve.json'}
+    assert {p.name for p in out.iterdir()} == {
+        'visual.onnx',
+        'visual.onnx.data',
+        'textual.onnx',
+        'textual.onnx.data',
+        'clipserve.json',
+    }
     assert (out / 'textual.onnx').stat().st_size < 2_000_000  # the weights live in the .data files
     saved = json.loads((out / 'clipserve.json').read_text())
     for key in ('model', 'embed_dim', 'image_size', 'mean', 'std', 'tokenizer', 'opset', 'exporter', 'weights_sha256'):
@@ -54,8 +59,10 @@ def test_onnx_equals_torch(tiny_export, tiny_backend):
     onnx_backend = create_backend('onnx', TINY, CPU, model_path=str(tiny_export[0]))
     tokens = Tokenizer()(TEXTS)
     image_diff = np.abs(onnx_backend.encode_images(_pixels()) - tiny_backend.encode_images(_pixels())).max()
-    text_diff = np.abs(onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-                       - tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)).max()
+    text_diff = np.abs(
+        onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+        - tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    ).max()
     print(f'\nonnx vs torch ({TINY}): images {image_diff:.2e}, texts {text_diff:.2e}')
     assert image_diff < 1e-4 and text_diff < 1e-4
     assert onnx_backend.trims_padding and onnx_backend.encode_images(_pixels(1)).dtype == np.float32
@@ -67,8 +74,9 @@ def test_clip_as_service_layout(tiny_export, tiny_backend, tmp_path):
     assert not backend.trims_padding  # fixed 77-token input, as clip-as-service shipped
     assert backend.embed_dim == 64 and backend.image_size == 224
     tokens = Tokenizer()(TEXTS)
-    np.testing.assert_allclose(backend.encode_texts(tokens.input_ids),
-                               tiny_backend.encode_texts(tokens.input_ids), atol=1e-4)
+    np.testing.assert_allclose(
+        backend.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids), atol=1e-4
+    )
     np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
 
 
@@ -89,6 +97,7 @@ def test_verification_rejects_a_wrong_graph(tiny_export, tmp_path):
 
     other = build_model(resolve(parse_model_name(TINY)))
     import torch
+
     with torch.no_grad():
         other.visual.ln_post.bias += 1  # different weights than the exported graph
     with pytest.raises(ExportError, match='visual.onnx differs'):
@@ -129,15 +138,21 @@ def test_cache_key_depends_on_model_and_settings(tmp_path, monkeypatch):
 
 
 def test_onnx_backend_imports_no_torch(tiny_export):
-    code = ('import sys; from clipserve.backends import create_backend, BackendOptions; '
-            f'b = create_backend("onnx", None, BackendOptions(device="cpu"), model_path={str(tiny_export[0])!r}); '
-            'import numpy as np; b.encode_texts(np.array([[49406, 320, 49407]])); '
-            'assert "torch" not in sys.modules and "open_clip" not in sys.modules, "torch was imported"')
+    code = (
+        'import sys; from clipserve.backends import create_backend, BackendOptions; '
+        f'b = create_backend("onnx", None, BackendOptions(device="cpu"), model_path={str(tiny_export[0])!r}); '
+        'import numpy as np; b.encode_texts(np.array([[49406, 320, 49407]])); '
+        'assert "torch" not in sys.modules and "open_clip" not in sys.modules, "torch was imported"'
+    )
     subprocess.run([sys.executable, '-c', code], check=True)
 
 
 def test_cli_export_prints_parity(tmp_path):
-    result = subprocess.run([sys.executable, '-m', 'clipserve', 'export', 'onnx', TINY, str(tmp_path)],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, '-m', 'clipserve', 'export', 'onnx', TINY, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert 'visual.onnx: max |onnxruntime - torch|' in result.stdout
     assert 'textual.onnx: max |onnxruntime - torch|' in result.stdout

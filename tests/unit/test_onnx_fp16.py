@@ -27,18 +27,27 @@ def make_graph(folder: Path) -> Path:
     rng = np.random.default_rng(0)
     nodes, initializers, previous = [], [], 'x'
     for i in range(LAYERS):
-        weight = numpy_helper.from_array((rng.normal(size=(WIDTH, WIDTH)) / WIDTH ** 0.5).astype(np.float32), f'w{i}')
+        weight = numpy_helper.from_array((rng.normal(size=(WIDTH, WIDTH)) / WIDTH**0.5).astype(np.float32), f'w{i}')
         bias = numpy_helper.from_array(rng.normal(size=WIDTH).astype(np.float32) * 0.1, f'b{i}')
         initializers += [weight, bias]
-        nodes += [helper.make_node('MatMul', [previous, f'w{i}'], [f'm{i}']),
-                  helper.make_node('Add', [f'm{i}', f'b{i}'], [f'a{i}']),
-                  helper.make_node('Relu', [f'a{i}'], [f'r{i}'])]
+        nodes += [
+            helper.make_node('MatMul', [previous, f'w{i}'], [f'm{i}']),
+            helper.make_node('Add', [f'm{i}', f'b{i}'], [f'a{i}']),
+            helper.make_node('Relu', [f'a{i}'], [f'r{i}']),
+        ]
         previous = f'r{i}'
-    initializers += [numpy_helper.from_array(np.ones(WIDTH, np.float32), 'gamma'),
-                     numpy_helper.from_array(np.zeros(WIDTH, np.float32), 'beta')]
+    initializers += [
+        numpy_helper.from_array(np.ones(WIDTH, np.float32), 'gamma'),
+        numpy_helper.from_array(np.zeros(WIDTH, np.float32), 'beta'),
+    ]
     nodes.append(helper.make_node('LayerNormalization', [previous, 'gamma', 'beta'], ['y'], axis=-1))
-    graph = helper.make_graph(nodes, 'synthetic', [helper.make_tensor_value_info('x', TensorProto.FLOAT, ['batch', WIDTH])],
-                              [helper.make_tensor_value_info('y', TensorProto.FLOAT, ['batch', WIDTH])], initializers)
+    graph = helper.make_graph(
+        nodes,
+        'synthetic',
+        [helper.make_tensor_value_info('x', TensorProto.FLOAT, ['batch', WIDTH])],
+        [helper.make_tensor_value_info('y', TensorProto.FLOAT, ['batch', WIDTH])],
+        initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', 18)])
     path = folder / 'visual.onnx'
     onnx.save_model(model, str(path), save_as_external_data=True, location='visual.onnx.data')
@@ -101,8 +110,10 @@ def test_two_processes_converting_at_once_convert_once(source, tmp_path):
         f'while not os.path.exists({str(gate)!r}): time.sleep(0.005)\n'
         f'print(fp16_copy(Path({str(source)!r})))\n'
     )
-    processes = [subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for _ in range(2)]
+    processes = [
+        subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     time.sleep(3)  # both imported and waiting at the gate
     gate.touch()
     outputs = [p.communicate(timeout=300) for p in processes]

@@ -5,7 +5,7 @@ from clipserve.options import check_int, env_or_default, request_options
 
 
 def test_defaults_and_overrides():
-    assert request_options({}, '@r') .access_paths == '@r'
+    assert request_options({}, '@r').access_paths == '@r'
     assert request_options({'access_paths': '@c'}, '@r').access_paths == '@c'
     # the legacy name wins, as in clip-as-service
     assert request_options({'access_paths': '@c', 'traversal_paths': '@m'}, '@r').access_paths == '@m'
@@ -17,13 +17,16 @@ def test_unknown_parameters_are_ignored():
     assert request_options({'limit': 10, 'model_name': 'x', 'whatever': [1]}, '@r').access_paths == '@r'
 
 
-@pytest.mark.parametrize('params, key', [
-    ({'drop_image_content': 'yes'}, 'drop_image_content'),
-    ({'drop_image_content': 1}, 'drop_image_content'),
-    ({'access_paths': 3}, 'access_paths'),
-    ({'access_paths': ''}, 'access_paths'),
-    ({'traversal_paths': None}, 'traversal_paths'),
-])
+@pytest.mark.parametrize(
+    'params, key',
+    [
+        ({'drop_image_content': 'yes'}, 'drop_image_content'),
+        ({'drop_image_content': 1}, 'drop_image_content'),
+        ({'access_paths': 3}, 'access_paths'),
+        ({'access_paths': ''}, 'access_paths'),
+        ({'traversal_paths': None}, 'traversal_paths'),
+    ],
+)
 def test_wrong_types_name_the_parameter(params, key):
     with pytest.raises(InvalidParameterError, match=key):
         request_options(params, '@r')

@@ -35,6 +35,7 @@ def test_forward_passes_from_many_request_threads_run_on_one_model_thread(tiny_b
     size = tiny_backend.preprocess.image_size
     pixels = np.random.default_rng(0).random((3, size, size), dtype=np.float32)
     try:
+
         def request(i):
             texts = pipeline.encode_texts([f'request {i} text {j}' for j in range(6)])
             images = pipeline.encode_images([lambda: pixels] * 3)
@@ -55,7 +56,7 @@ def test_a_model_error_reaches_the_caller_and_the_pipeline_keeps_working(tiny_ba
     pipeline = EncodePipeline(tiny_backend, minibatch_size=4)
     try:
         with pytest.raises(IndexError):  # token ids far outside the vocabulary
-            pipeline._run_texts(np.full((2, 3), 10 ** 7, dtype=np.int64))
+            pipeline._run_texts(np.full((2, 3), 10**7, dtype=np.int64))
         assert pipeline.encode_texts(['still serving']).shape == (1, tiny_backend.embed_dim)
     finally:
         pipeline.close()

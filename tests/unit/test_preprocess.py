@@ -70,7 +70,7 @@ def _palette_png(width, height):
 
 
 def _i16_png(width, height):
-    ramp = (_pixels(width, height, 1, seed=3)[:, :, 0].astype(np.uint16) * 257)
+    ramp = _pixels(width, height, 1, seed=3)[:, :, 0].astype(np.uint16) * 257
     return _encode(Image.fromarray(ramp), 'PNG')
 
 
@@ -90,8 +90,9 @@ PARITY_CASES = {
 }
 
 
-def _open_clip_reference(image, size, mean=OPENAI_MEAN, std=OPENAI_STD, resize_mode='shortest',
-                         interpolation='bicubic'):
+def _open_clip_reference(
+    image, size, mean=OPENAI_MEAN, std=OPENAI_STD, resize_mode='shortest', interpolation='bicubic'
+):
     import open_clip
 
     transform = open_clip.image_transform(
@@ -135,8 +136,9 @@ def test_parity_other_mean_std_and_bilinear(case):
     data = PARITY_CASES[case]()
     for interpolation in ('bicubic', 'bilinear'):
         config = PreprocessConfig(image_size=224, mean=OTHER_MEAN, std=OTHER_STD, interpolation=interpolation)
-        ref = _open_clip_reference(Image.open(io.BytesIO(data)), 224, OTHER_MEAN, OTHER_STD,
-                                   interpolation=interpolation)
+        ref = _open_clip_reference(
+            Image.open(io.BytesIO(data)), 224, OTHER_MEAN, OTHER_STD, interpolation=interpolation
+        )
         ours = preprocess_bytes(data, config)
         assert _report(f'{case} mean/std 0.5 {interpolation}', ours, ref) <= TOLERANCE
 
@@ -162,11 +164,22 @@ def test_parity_memory_guard_sizes(width, height):
 def test_from_open_clip_config_matches_open_clip():
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    cfg = {'size': (288, 288), 'mean': OTHER_MEAN, 'std': OTHER_STD, 'interpolation': 'bilinear',
-           'resize_mode': 'shortest', 'fill_color': 0, 'mode': 'RGB'}
+    cfg = {
+        'size': (288, 288),
+        'mean': OTHER_MEAN,
+        'std': OTHER_STD,
+        'interpolation': 'bilinear',
+        'resize_mode': 'shortest',
+        'fill_color': 0,
+        'mode': 'RGB',
+    }
     config = PreprocessConfig.from_open_clip(cfg)
     assert (config.image_size, config.mean, config.std, config.interpolation) == (
-        288, OTHER_MEAN, OTHER_STD, 'bilinear')
+        288,
+        OTHER_MEAN,
+        OTHER_STD,
+        'bilinear',
+    )
     image = _rgb(500, 350, 12)
     ref = image_transform_v2(PreprocessCfg(**cfg), is_train=False)(image).numpy()
     assert _report('from_open_clip 288 bilinear', preprocess_image(image, config), ref) <= TOLERANCE
@@ -195,8 +208,20 @@ def test_windowed_resize_is_byte_exact_against_pillow():
     rule = pp._calibrated_pass_order()
     print(f'\n[preprocess] pass-order rule for Pillow {Image.__version__}: {getattr(rule, "__name__", None)}')
     assert rule is not None, 'windowed resize disagrees with this Pillow; the memory guard is off'
-    sizes = [(2, 3), (7, 5), (225, 224), (640, 480), (386, 923), (923, 386), (1023, 17), (17, 1023),
-             (2000, 10), (3000, 40), (40, 3000), (263, 1220)]
+    sizes = [
+        (2, 3),
+        (7, 5),
+        (225, 224),
+        (640, 480),
+        (386, 923),
+        (923, 386),
+        (1023, 17),
+        (17, 1023),
+        (2000, 10),
+        (3000, 40),
+        (40, 3000),
+        (263, 1220),
+    ]
     mismatches, cases = [], 0
     for width, height in sizes:
         base = _pixels(width, height, 4, seed=width + height)
@@ -240,7 +265,7 @@ def _png_with_declared_size(width, height):
     data = bytearray(_encode(Image.new('L', (8, 8)), 'PNG'))
     ihdr = 8  # chunk: length(4) type(4) data(13) crc(4)
     struct.pack_into('>II', data, ihdr + 8, width, height)
-    struct.pack_into('>I', data, ihdr + 8 + 13, zlib.crc32(bytes(data[ihdr + 4: ihdr + 8 + 13])) & 0xFFFFFFFF)
+    struct.pack_into('>I', data, ihdr + 8 + 13, zlib.crc32(bytes(data[ihdr + 4 : ihdr + 8 + 13])) & 0xFFFFFFFF)
     return bytes(data)
 
 
@@ -255,8 +280,7 @@ def _png_with_declared_size(width, height):
         (_png_with_declared_size(10000, 6000), '10000x6000 = 60000000 pixels, over the limit of 50000000'),
         (_encode(_rgb(2010, 10), 'PNG'), 'aspect ratio 201.0 is over the limit of 200'),
     ],
-    ids=['empty', 'random', 'truncated_jpeg', 'truncated_png', 'bomb_30000', 'over_max_pixels',
-         'over_aspect'],
+    ids=['empty', 'random', 'truncated_jpeg', 'truncated_png', 'bomb_30000', 'over_max_pixels', 'over_aspect'],
 )
 def test_bad_bytes_raise_image_error(data, reason):
     with pytest.raises(ImageError, match=reason):
@@ -385,8 +409,7 @@ def test_importing_preprocess_does_not_import_torch():
         "print(','.join(m for m in ('torch', 'torchvision', 'open_clip') if m in sys.modules))\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
-                            timeout=120)
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ''
 

@@ -13,17 +13,22 @@ from clipserve.settings import shutdown_seconds
 
 def test_deployment_addresses_in_both_of_jinas_shapes():
     assert grpc_addresses('{"a": ["127.0.0.1:1", "127.0.0.1:2"], "b": {"grpc": ["h:3"], "http": ["h:4"]}}') == {
-        'a': ['127.0.0.1:1', '127.0.0.1:2'], 'b': ['h:3']}
+        'a': ['127.0.0.1:1', '127.0.0.1:2'],
+        'b': ['h:3'],
+    }
     assert grpc_addresses('{}') == {}
 
 
-@pytest.mark.parametrize('reports, ready', [
-    ([], True),  # an executor without the endpoint (not clipserve's): it answered, so it is up
-    ([{'shard_id': 0, 'shards': 1, 'draining': False}], True),
-    ([{'shard_id': 0, 'shards': 1, 'draining': True}], False),
-    ([{'shard_id': 0, 'shards': 2, 'draining': False}], False),  # shard 1 did not answer
-    ([{'shard_id': 1, 'shards': 2, 'draining': False}, {'shard_id': 0, 'shards': 2, 'draining': False}], True),
-])
+@pytest.mark.parametrize(
+    'reports, ready',
+    [
+        ([], True),  # an executor without the endpoint (not clipserve's): it answered, so it is up
+        ([{'shard_id': 0, 'shards': 1, 'draining': False}], True),
+        ([{'shard_id': 0, 'shards': 1, 'draining': True}], False),
+        ([{'shard_id': 0, 'shards': 2, 'draining': False}], False),  # shard 1 did not answer
+        ([{'shard_id': 1, 'shards': 2, 'draining': False}, {'shard_id': 0, 'shards': 2, 'draining': False}], True),
+    ],
+)
 def test_every_shard_must_answer_and_none_may_drain(reports, ready):
     problems = judge_reports('clip_t', '127.0.0.1:1', reports)
     assert (not problems) == ready, problems
@@ -60,10 +65,15 @@ def test_a_ready_copy_that_is_only_slow_stays_ready_for_the_allowance_but_a_refu
     assert not verdict(Timeout())  # past the allowance
 
 
-@pytest.mark.parametrize('configured, environ, seconds', [
-    (None, {}, 30.0), (None, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 5.0), (0, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 0.0),
-    ('2.5', {}, 2.5),
-])
+@pytest.mark.parametrize(
+    'configured, environ, seconds',
+    [
+        (None, {}, 30.0),
+        (None, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 5.0),
+        (0, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}, 0.0),
+        ('2.5', {}, 2.5),
+    ],
+)
 def test_shutdown_grace_from_argument_then_environment(configured, environ, seconds):
     assert shutdown_seconds(configured, environ) == seconds
 

@@ -26,8 +26,10 @@ def test_another_served_model_passes_through_an_unknown_one_is_an_error_naming_t
     table = routes()
     assert table['/encode/ViT-L-14::openai'] is PASS_THROUGH and table['/rank/ViT-L/14'] is PASS_THROUGH
     unknown = table['/encode/ViT-B-23']
-    with pytest.raises(UnknownModelError, match="'ViT-B-23' is not served by this Flow; served models: "
-                                                'ViT-B-32::openai, ViT-L-14::openai'):
+    with pytest.raises(
+        UnknownModelError,
+        match="'ViT-B-23' is not served by this Flow; served models: ViT-B-32::openai, ViT-L-14::openai",
+    ):
         unknown.fn(None)
     assert table['/default'] == DEFAULT and table['/encode'] == ENCODE
 

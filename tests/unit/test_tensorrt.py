@@ -52,8 +52,15 @@ HAVE_TENSORRT = importlib.util.find_spec('tensorrt') is not None
 NO_TENSORRT = 'TensorRT is not installed here (it needs pypi.nvidia.com and an NVIDIA GPU)'
 TEXTS = ['a photo of a dog', 'a much longer caption about a dog on a red chair in a garden', '!', '']
 
-KEY = EngineKey(tower='visual', onnx_sha256='a' * 64, tensorrt_version='10.3.0', gpu_name='NVIDIA H200',
-                compute_capability='9.0', precision='fp16', profile='pixel_values=1x3x224x224/32x3x224x224/32x3x224x224')
+KEY = EngineKey(
+    tower='visual',
+    onnx_sha256='a' * 64,
+    tensorrt_version='10.3.0',
+    gpu_name='NVIDIA H200',
+    compute_capability='9.0',
+    precision='fp16',
+    profile='pixel_values=1x3x224x224/32x3x224x224/32x3x224x224',
+)
 
 
 @pytest.fixture
@@ -83,9 +90,12 @@ def _cosine_distance(a, b):
 
 # ---- import and install errors ----------------------------------------------------------------
 
+
 def test_module_imports_neither_tensorrt_nor_cuda():
-    code = ('import sys, clipserve.backends.tensorrt_backend; '
-            'print(sorted(m for m in ("tensorrt", "cuda", "torch") if m in sys.modules))')
+    code = (
+        'import sys, clipserve.backends.tensorrt_backend; '
+        'print(sorted(m for m in ("tensorrt", "cuda", "torch") if m in sys.modules))'
+    )
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == '[]'
 
@@ -144,8 +154,9 @@ def test_messages_say_what_and_how():
     assert INSTALL_COMMAND in not_installed_message('x') and 'never falls back' in not_installed_message('x')
     message = no_cuda_message('cuda:1', 'only 1 CUDA device(s) are visible')
     assert 'cuda:1' in message and 'only 1 CUDA device' in message and 'nvidia-smi' in message
-    message = build_failure_message('textual', Path('/m/textual.onnx'), 'parsing',
-                                    ['node 7 (/attn/Softmax, Softmax): unsupported', 'dup', 'dup'])
+    message = build_failure_message(
+        'textual', Path('/m/textual.onnx'), 'parsing', ['node 7 (/attn/Softmax, Softmax): unsupported', 'dup', 'dup']
+    )
     assert 'parsing the textual engine from /m/textual.onnx' in message and '/attn/Softmax' in message
     assert message.count('dup') == 1
     assert 'no error message' in build_failure_message('visual', Path('v.onnx'), 'building', [])
@@ -153,29 +164,50 @@ def test_messages_say_what_and_how():
 
 def test_parser_error_description():
     class Error:  # TensorRT 10's IParserError
-        def desc(self): return 'Unsupported operator FooBar'
-        def node(self): return 12
-        def node_name(self): return '/visual/transformer/FooBar_3'
-        def node_operator(self): return 'FooBar'
+        def desc(self):
+            return 'Unsupported operator FooBar'
 
-    assert describe_parser_error(Error()) == 'node 12 (/visual/transformer/FooBar_3, FooBar): Unsupported operator FooBar'
+        def node(self):
+            return 12
+
+        def node_name(self):
+            return '/visual/transformer/FooBar_3'
+
+        def node_operator(self):
+            return 'FooBar'
+
+    assert (
+        describe_parser_error(Error()) == 'node 12 (/visual/transformer/FooBar_3, FooBar): Unsupported operator FooBar'
+    )
 
     class OldError:  # before TensorRT 10: no node_name / node_operator
-        def desc(self): return 'bad graph'
-        def node(self): return -1
+        def desc(self):
+            return 'bad graph'
+
+        def node(self):
+            return -1
 
     assert describe_parser_error(OldError()) == 'bad graph'
 
 
 # ---- options ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize('device,index', [(None, 0), ('', 0), ('cuda', 0), ('cuda:0', 0), ('cuda:3', 3)])
 def test_cuda_device_index(device, index):
     assert parse_cuda_device(device) == index
 
 
-@pytest.mark.parametrize('device,words', [('cpu', 'NVIDIA GPUs only'), ('cuda:x', 'unknown device'), ('mps', 'unknown device'),
-                                          ('cuda:-1', 'unknown device'), ('gpu', 'unknown device')])
+@pytest.mark.parametrize(
+    'device,words',
+    [
+        ('cpu', 'NVIDIA GPUs only'),
+        ('cuda:x', 'unknown device'),
+        ('mps', 'unknown device'),
+        ('cuda:-1', 'unknown device'),
+        ('gpu', 'unknown device'),
+    ],
+)
 def test_cuda_device_refused(device, words):
     with pytest.raises(BackendUnavailableError, match=words):
         parse_cuda_device(device)
@@ -189,6 +221,7 @@ def test_precision():
 
 
 # ---- profiles ---------------------------------------------------------------------------------
+
 
 def test_image_profile():
     (p,) = image_profiles(32, 224)
@@ -223,6 +256,7 @@ def test_profile_signature_is_canonical_and_sensitive():
 
 
 # ---- cache keys and paths ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize('field', [f.name for f in dataclasses.fields(EngineKey)])
 def test_engine_key_changes_with_every_component(field):
@@ -260,6 +294,7 @@ def test_onnx_hash_covers_graph_and_external_data(tmp_path):
 
 # ---- stale and corrupt engines ----------------------------------------------------------------
 
+
 def test_fresh_engine_is_loadable(tmp_path):
     engine = engine_path(KEY, tmp_path)
     write_engine(engine, KEY, b'plan-bytes')
@@ -274,7 +309,9 @@ def test_missing_engine_or_sidecar(tmp_path):
     assert 'missing' in stale_reason(engine, KEY)
 
 
-@pytest.mark.parametrize('sidecar', ['{not json', '[]', '{"key": {}}', '{"key": {}, "engine_bytes": "x", "engine_sha256": 1}'])
+@pytest.mark.parametrize(
+    'sidecar', ['{not json', '[]', '{"key": {}}', '{"key": {}, "engine_bytes": "x", "engine_sha256": 1}']
+)
 def test_unreadable_sidecar(tmp_path, sidecar):
     engine = engine_path(KEY, tmp_path)
     write_engine(engine, KEY, b'plan-bytes')
@@ -282,8 +319,16 @@ def test_unreadable_sidecar(tmp_path, sidecar):
     assert stale_reason(engine, KEY) is not None
 
 
-@pytest.mark.parametrize('field,value', [('tensorrt_version', '10.4.0'), ('gpu_name', 'NVIDIA A100'),
-                                         ('compute_capability', '8.0'), ('precision', 'fp32'), ('onnx_sha256', 'b' * 64)])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('tensorrt_version', '10.4.0'),
+        ('gpu_name', 'NVIDIA A100'),
+        ('compute_capability', '8.0'),
+        ('precision', 'fp32'),
+        ('onnx_sha256', 'b' * 64),
+    ],
+)
 def test_key_mismatch_names_what_changed(tmp_path, field, value):
     engine = engine_path(KEY, tmp_path)
     write_engine(engine, dataclasses.replace(KEY, **{field: value}), b'plan-bytes')  # e.g. copied from another machine
@@ -333,6 +378,7 @@ def test_load_or_build_rebuilds_stale_and_fails_loudly(tmp_path):
 
 
 # ---- GPU detection (cuda-python) -----------------------------------------------------------------
+
 
 class CudaError(enum.IntEnum):
     cudaSuccess = 0
@@ -396,11 +442,14 @@ def test_gpu_name_and_capability():
     assert (gpu.index, gpu.name, gpu.compute_capability) == (1, 'NVIDIA Fake H200', '8.6')
 
 
-@pytest.mark.parametrize('cudart,words', [
-    (FakeCudart(error=CudaError.cudaErrorInsufficientDriver), 'cudaErrorInsufficientDriver'),
-    (FakeCudart(count=0), 'no CUDA device is visible'),
-    (FakeCudart(count=1), 'only 1 CUDA device'),
-])
+@pytest.mark.parametrize(
+    'cudart,words',
+    [
+        (FakeCudart(error=CudaError.cudaErrorInsufficientDriver), 'cudaErrorInsufficientDriver'),
+        (FakeCudart(count=0), 'no CUDA device is visible'),
+        (FakeCudart(count=1), 'only 1 CUDA device'),
+    ],
+)
 def test_no_gpu_is_backend_unavailable(cudart, words):
     with pytest.raises(BackendUnavailableError, match=words):
         cuda_device(cudart, 1 if 'only' in words else 0, 'cuda')
@@ -432,6 +481,7 @@ def test_numpy_dtype_of_engine_tensors():
 
 # ---- the export the engines are built from -----------------------------------------------------
 
+
 def test_model_path_must_be_a_clipserve_export(tmp_path):
     with pytest.raises(WeightsUnavailableError, match='visual.onnx, textual.onnx, clipserve.json'):
         locate_export(None, str(tmp_path))
@@ -454,6 +504,7 @@ def test_model_name_uses_the_onnx_export_cache(cache, monkeypatch):
 
 
 # ---- the whole backend on a stand-in for TensorRT ------------------------------------------------
+
 
 class FakeTRT(types.ModuleType):
     """The TensorRT 10 Python API surface TensorRTBackend calls, with onnxruntime as the 'engine'.
@@ -484,10 +535,18 @@ class FakeTRT(types.ModuleType):
         class ParserError:
             def __init__(self, desc, node, name, op):
                 self._d = (desc, node, name, op)
-            def desc(self): return self._d[0]
-            def node(self): return self._d[1]
-            def node_name(self): return self._d[2]
-            def node_operator(self): return self._d[3]
+
+            def desc(self):
+                return self._d[0]
+
+            def node(self):
+                return self._d[1]
+
+            def node_name(self):
+                return self._d[2]
+
+            def node_operator(self):
+                return self._d[3]
 
         class Network:
             def __init__(self):
@@ -546,12 +605,18 @@ class FakeTRT(types.ModuleType):
             def __init__(self):
                 self.flags, self.profiles, self.timing = {'TF32'}, [], None
 
-            def set_flag(self, flag): self.flags.add(flag)
-            def clear_flag(self, flag): self.flags.discard(flag)
+            def set_flag(self, flag):
+                self.flags.add(flag)
+
+            def clear_flag(self, flag):
+                self.flags.discard(flag)
+
             def add_optimization_profile(self, profile):
                 self.profiles.append(profile)
                 return 0
-            def create_timing_cache(self, data): return TimingCache(data)
+
+            def create_timing_cache(self, data):
+                return TimingCache(data)
 
             def set_timing_cache(self, cache, ignore_mismatch):
                 self.timing = cache
@@ -565,14 +630,18 @@ class FakeTRT(types.ModuleType):
                 assert flags == 0  # explicit batch is TensorRT 10's only mode
                 return Network()
 
-            def create_builder_config(self): return Config()
-            def create_optimization_profile(self): return Profile()
+            def create_builder_config(self):
+                return Config()
+
+            def create_optimization_profile(self):
+                return Profile()
 
             def build_serialized_network(self, network, config):
                 assert len(config.profiles) == 1 and config.timing is not None
                 fake.builds.append({'flags': sorted(config.flags), 'path': network.path})
-                return json.dumps({'fake-engine': 1, 'path': network.path,
-                                   'profile': config.profiles[0].shapes}).encode()
+                return json.dumps(
+                    {'fake-engine': 1, 'path': network.path, 'profile': config.profiles[0].shapes}
+                ).encode()
 
         class Runtime:
             def __init__(self, logger):
@@ -596,10 +665,17 @@ class FakeTRT(types.ModuleType):
                 self.io += [(o.name, o, FakeTRT.TensorIOMode.OUTPUT) for o in self.session.get_outputs()]
 
             @property
-            def num_io_tensors(self): return len(self.io)
-            def get_tensor_name(self, i): return self.io[i][0]
-            def _info(self, name): return next(i for i in self.io if i[0] == name)
-            def get_tensor_mode(self, name): return self._info(name)[2]
+            def num_io_tensors(self):
+                return len(self.io)
+
+            def get_tensor_name(self, i):
+                return self.io[i][0]
+
+            def _info(self, name):
+                return next(i for i in self.io if i[0] == name)
+
+            def get_tensor_mode(self, name):
+                return self._info(name)[2]
 
             def get_tensor_dtype(self, name):
                 return {'tensor(int64)': np.int64, 'tensor(float)': np.float32}[self._info(name)[1].type]
@@ -611,7 +687,8 @@ class FakeTRT(types.ModuleType):
                 assert index == 0
                 return self.profile[name]
 
-            def create_execution_context(self): return Context(self)
+            def create_execution_context(self):
+                return Context(self)
 
         class Context:
             def __init__(self, engine):
@@ -641,13 +718,21 @@ class FakeTRT(types.ModuleType):
                 for name, info, mode in self.engine.io:
                     if mode == FakeTRT.TensorIOMode.INPUT:
                         dtype, shape = np.dtype(self.engine.get_tensor_dtype(name)), self.shapes[name]
-                        raw = (ctypes.c_char * (int(np.prod(shape)) * dtype.itemsize)).from_address(self.addresses[name])
+                        raw = (ctypes.c_char * (int(np.prod(shape)) * dtype.itemsize)).from_address(
+                            self.addresses[name]
+                        )
                         feeds[name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
                 out = np.ascontiguousarray(self.engine.session.run(None, feeds)[0], dtype=np.float32)
                 ctypes.memmove(self.addresses[self.engine.io[-1][0]], out.ctypes.data, out.nbytes)
                 return True
 
-        self.ILogger, self.Logger, self.Builder, self.Runtime, self.OnnxParser = ILogger, ILogger, Builder, Runtime, OnnxParser
+        self.ILogger, self.Logger, self.Builder, self.Runtime, self.OnnxParser = (
+            ILogger,
+            ILogger,
+            Builder,
+            Runtime,
+            OnnxParser,
+        )
         self.BuilderFlag = types.SimpleNamespace(FP16='FP16', TF32='TF32')
         self.nptype = lambda dtype: dtype
 
@@ -717,6 +802,7 @@ def test_fake_tensorrt_without_gpu_fails_before_export(fake_trt, monkeypatch):
 
 # ---- real TensorRT (GPU machines only) --------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_TENSORRT, reason=NO_TENSORRT)
 @pytest.mark.parametrize('dtype,limit', [('fp16', 1e-2), ('fp32', 1e-4)])
@@ -725,8 +811,13 @@ def test_tensorrt_matches_torch(tiny_export, tiny_backend, cache, dtype, limit):
     tokens = Tokenizer()(TEXTS)
     pixels = _pixels(10)
     assert _cosine_distance(backend.encode_images(pixels), tiny_backend.encode_images(pixels)) < limit
-    assert _cosine_distance(backend.encode_texts(tokens.input_ids, tokens.attention_mask),
-                            tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)) < limit
+    assert (
+        _cosine_distance(
+            backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+            tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+        )
+        < limit
+    )
     assert backend.trims_padding
     backend.close()
 

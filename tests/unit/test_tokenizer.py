@@ -53,7 +53,7 @@ VARIED = [
     '\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0b\x0e\x0f\x10\x1b\x7f',
     '',
     '   \t\n\r\n  \x0c \u3000\xa0 ',
-    'ΟΔΟΣ ΣΑΣ Σ. İstanbul ǅ ſtraße it\'ſ',
+    "ΟΔΟΣ ΣΑΣ Σ. İstanbul ǅ ſtraße it'ſ",
     'ﬁne ﬂow ＡＢＣ１２３ “curly” ‘quotes’ ′prime′',
     'red\x1b[31m text\x1b[0m and\r\nCRLF\rCR\u2028LS\u2029PS\x85NEL',
     'e\u0301 vs é, A\u030a vs Å, \ufeffBOM \u200bzero width\u200d',
@@ -137,9 +137,10 @@ def test_bpe_cache_is_bounded(ours):
 
 # --- long and pathological texts --------------------------------------------------------------------
 
+
 def _one_megabyte_of_words(seed=0):
     rng = random.Random(seed)
-    words = 'a photo of the cat dog sitting on red blue chair table Hello World café 東京 &amp; it\'s 42'.split()
+    words = "a photo of the cat dog sitting on red blue chair table Hello World café 東京 &amp; it's 42".split()
     return ' '.join(rng.choice(words) for _ in range(250_000))[:1_000_000]
 
 
@@ -194,17 +195,21 @@ def test_texts_without_tokens(ours):
         assert ours(PATHOLOGICAL[name]).lengths.tolist() == [2]
 
 
-@pytest.mark.parametrize('text', [
-    PATHOLOGICAL['control characters'],
-    PATHOLOGICAL['one emoji'],
-    'a' * 200_000,
-    ''.join(chr(0x1F600 + (i * 31) % 80) for i in range(3000)),
-    ''.join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(3000)),
-    '\n'.join(['', 'x < y', 'caf&eacute; &amp;amp;'] * 3000),  # ftfy stops unescaping after the first '<'
-    '\n'.join(['caf&eacute; &amp;amp;'] * 3000 + ['x < y']),
-    ' '.join(['Ã©tÃ©'] * 5000) + '\n' + 'plain text ' * 1000,  # mojibake: ftfy fixes the whole line
-    ('word ' * 3000) + 'Ã©tÃ©',  # mojibake at the far end of the line changes ftfy's view of it all
-], ids=['controls', 'emoji', 'letters', 'emoji-mix', 'cjk', 'lt-first', 'lt-last', 'mojibake', 'mojibake-at-end'])
+@pytest.mark.parametrize(
+    'text',
+    [
+        PATHOLOGICAL['control characters'],
+        PATHOLOGICAL['one emoji'],
+        'a' * 200_000,
+        ''.join(chr(0x1F600 + (i * 31) % 80) for i in range(3000)),
+        ''.join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(3000)),
+        '\n'.join(['', 'x < y', 'caf&eacute; &amp;amp;'] * 3000),  # ftfy stops unescaping after the first '<'
+        '\n'.join(['caf&eacute; &amp;amp;'] * 3000 + ['x < y']),
+        ' '.join(['Ã©tÃ©'] * 5000) + '\n' + 'plain text ' * 1000,  # mojibake: ftfy fixes the whole line
+        ('word ' * 3000) + 'Ã©tÃ©',  # mojibake at the far end of the line changes ftfy's view of it all
+    ],
+    ids=['controls', 'emoji', 'letters', 'emoji-mix', 'cjk', 'lt-first', 'lt-last', 'mojibake', 'mojibake-at-end'],
+)
 def test_long_texts_match_open_clip(ours, ref, text):
     assert_same(ours, ref, [text])
 
@@ -212,11 +217,77 @@ def test_long_texts_match_open_clip(ours, ref, text):
 # --- the pieces the prefix processing rests on ----------------------------------------------------
 
 _PIECES = [
-    'a', 'b', 'word', 'CAPS', '123', '...', "'s", ' ', ' ', '\n', '\r', '\r\n', '\t', '\f', '\v', '\x1c', '\x00',
-    '\x1b[31m', '\x1b[', '\x85', '\x93', '\xa0', '\u3000', '\u2028', '\ufeff', '\u200d', '\ufe0f', '\ud83d', '\ude00',
-    '&amp;', '&amp', '&amp;amp;', '&#32;', '&#x20', '&#13;', '&#10;', '&Tab;', '&NewLine;', '&lt;', '&lt', '<', '&nbsp;',
-    '&eacute;', '&EACUTE;', '&Atilde;&copy;', '&#x1F600;', '&#55357;', '&#128;', '&#x85;', '&foo;', '<start_of_text>',
-    'é', 'Ã©', 'Ã', '©', 'Â ', 'Ø©', '×²', 'ГўВЂВ', 'вЂ', 'ﬁ', 'Ａ', '“', '’', 'e\u0301', '\u0301', 'Σ', 'ΑΣ', 'İ', '一', '😂',
+    'a',
+    'b',
+    'word',
+    'CAPS',
+    '123',
+    '...',
+    "'s",
+    ' ',
+    ' ',
+    '\n',
+    '\r',
+    '\r\n',
+    '\t',
+    '\f',
+    '\v',
+    '\x1c',
+    '\x00',
+    '\x1b[31m',
+    '\x1b[',
+    '\x85',
+    '\x93',
+    '\xa0',
+    '\u3000',
+    '\u2028',
+    '\ufeff',
+    '\u200d',
+    '\ufe0f',
+    '\ud83d',
+    '\ude00',
+    '&amp;',
+    '&amp',
+    '&amp;amp;',
+    '&#32;',
+    '&#x20',
+    '&#13;',
+    '&#10;',
+    '&Tab;',
+    '&NewLine;',
+    '&lt;',
+    '&lt',
+    '<',
+    '&nbsp;',
+    '&eacute;',
+    '&EACUTE;',
+    '&Atilde;&copy;',
+    '&#x1F600;',
+    '&#55357;',
+    '&#128;',
+    '&#x85;',
+    '&foo;',
+    '<start_of_text>',
+    'é',
+    'Ã©',
+    'Ã',
+    '©',
+    'Â ',
+    'Ø©',
+    '×²',
+    'ГўВЂВ',
+    'вЂ',
+    'ﬁ',
+    'Ａ',
+    '“',
+    '’',
+    'e\u0301',
+    '\u0301',
+    'Σ',
+    'ΑΣ',
+    'İ',
+    '一',
+    '😂',
 ]
 
 
@@ -283,9 +354,7 @@ def test_merges_only_make_pairs_of_higher_rank(ours):
 
 def test_local_fixers_change_only_the_characters_said():
     """`_local_fixes` is skipped on text without a `_LOCAL_RE` character: none of its fixers may then act."""
-    untouched = ''.join(
-        chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000 and not tk._LOCAL_RE.match(chr(c))
-    )
+    untouched = ''.join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000 and not tk._LOCAL_RE.match(chr(c)))
     for fix in tk._LOCAL_FIXERS:
         assert fix(untouched) == untouched, fix.__name__
 
@@ -310,13 +379,14 @@ def test_mojibake_anchors_cover_every_pattern():
     anchor_chars = closed_set(*anchors)
     tree = parser.parse(tk._BADNESS_RE.pattern, re.VERBOSE)
     assert tree.getwidth()[1] <= tk._BADNESS_WIDTH
-    (op, (_, branches)), = tree.data
+    ((op, (_, branches)),) = tree.data
     assert op is constants.BRANCH and len(branches) > 30
     for branch in branches:
         assert any((chars := closed_set(o, a)) and chars <= anchor_chars for o, a in branch.data), branch.data
 
 
 # --- imports ------------------------------------------------------------------------------------------
+
 
 def test_importing_the_tokenizer_does_not_import_torch():
     code = "import sys, clipserve.models.tokenizer; assert 'torch' not in sys.modules"

@@ -71,6 +71,7 @@ def test_local_checkpoint_files(tmp_path, tiny_backend, suffix):
         state['text_projection'] += 1.0  # different from the random init, so loading must really happen
     if suffix == '.safetensors':
         from safetensors.torch import save_file
+
         save_file(state, str(path))
     else:
         torch.save(state, path)
@@ -82,6 +83,7 @@ def test_local_checkpoint_files(tmp_path, tiny_backend, suffix):
 def _save(state: dict, path: Path) -> Path:
     if path.suffix == '.safetensors':
         from safetensors.torch import save_file
+
         save_file({k: v.contiguous() for k, v in state.items()}, str(path))
     else:
         torch.save(state, path)
@@ -123,7 +125,9 @@ def test_a_checkpoint_loads_in_the_requested_precision(tmp_path, tiny_backend):
     path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')
     loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu', dtype='bf16'))
     reference = open_clip.create_model(TINY.split('::')[0], pretrained=str(path), precision='bf16', device='cpu')
-    assert {k: v.dtype for k, v in loaded.model.state_dict().items()} == {k: v.dtype for k, v in reference.state_dict().items()}
+    assert {k: v.dtype for k, v in loaded.model.state_dict().items()} == {
+        k: v.dtype for k, v in reference.state_dict().items()
+    }
     assert torch.bfloat16 in {p.dtype for p in loaded.model.parameters()}
 
 
@@ -145,7 +149,9 @@ def test_a_checkpoint_is_held_once_in_memory(tmp_path):
         f'create_backend("torch", "ViT-B-32::{path}", BackendOptions(device="cpu"))\n'
         'print(peak() - before)\n'
     )
-    grown = float(subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True).stdout.split()[-1])
+    grown = float(
+        subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True).stdout.split()[-1]
+    )
     assert grown < 1.3 * weights_mb, f'peak grew by {grown:.0f} MB for {weights_mb:.0f} MB of weights'
 
 
@@ -162,7 +168,9 @@ def test_missing_checkpoint_file():
 
 
 def test_custom_architecture_config_file(tmp_path):
-    config = json.loads((Path(__file__).parents[2] / 'executors/clipserve/models/configs/clipserve-tiny.json').read_text())
+    config = json.loads(
+        (Path(__file__).parents[2] / 'executors/clipserve/models/configs/clipserve-tiny.json').read_text()
+    )
     config['embed_dim'] = 48
     path = tmp_path / 'my-arch.json'
     path.write_text(json.dumps(config))
@@ -205,7 +213,10 @@ def test_pretrained_tag_loads_offline_from_the_cache(tmp_path, monkeypatch):
     (snapshot.parents[1] / 'refs' / 'main').write_text('0' * 40)
     source = create_backend('torch', 'ViT-B-32::random', BackendOptions(device='cpu'))
     from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in source.model.state_dict().items()}, str(snapshot / 'open_clip_model.safetensors'))
+
+    save_file(
+        {k: v.contiguous() for k, v in source.model.state_dict().items()}, str(snapshot / 'open_clip_model.safetensors')
+    )
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     loaded = create_backend('torch', 'ViT-B/32', BackendOptions(device='cpu'))
@@ -241,5 +252,8 @@ def test_padding_trim_is_exact(model, tiny_backend):
 
 def test_mask_is_derived_from_end_of_text_when_absent(tiny_backend):
     tokens = Tokenizer()(['a dog', 'x ! ! y'])
-    np.testing.assert_allclose(tiny_backend.encode_texts(tokens.input_ids),
-                               tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask), atol=1e-6)
+    np.testing.assert_allclose(
+        tiny_backend.encode_texts(tokens.input_ids),
+        tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+        atol=1e-6,
+    )

@@ -15,10 +15,13 @@ def test_data_uris_are_always_allowed():
     assert decode_data_uri('data:text/plain,hello%20world', 100) == b'hello world'
 
 
-@pytest.mark.parametrize('uri, reason', [
-    ('data:image/png;base64', 'no comma'),
-    ('data:image/png;base64,@@@@', 'malformed base64'),
-])
+@pytest.mark.parametrize(
+    'uri, reason',
+    [
+        ('data:image/png;base64', 'no comma'),
+        ('data:image/png;base64,@@@@', 'malformed base64'),
+    ],
+)
 def test_malformed_data_uris(uri, reason):
     with pytest.raises(UriError, match=reason):
         UriPolicy().load(uri)
@@ -58,8 +61,15 @@ def test_local_files_confined_to_root(tmp_path):
         policy.load(str(root / 'missing.jpg'))
 
 
-@pytest.mark.parametrize('url', ['http://127.0.0.1:1/x.jpg', 'http://localhost:1/x.jpg',
-                                 'http://169.254.169.254/latest/meta-data', 'http://10.0.0.1/x.jpg'])
+@pytest.mark.parametrize(
+    'url',
+    [
+        'http://127.0.0.1:1/x.jpg',
+        'http://localhost:1/x.jpg',
+        'http://169.254.169.254/latest/meta-data',
+        'http://10.0.0.1/x.jpg',
+    ],
+)
 def test_remote_fetches_refuse_non_public_addresses(url):
     with pytest.raises(UriError, match='non-public address'):
         UriPolicy(allow_remote=True).load(url)
@@ -74,40 +84,64 @@ def teredo(server: str, client: str) -> str:
     return str(ipaddress.IPv6Address(value))
 
 
-@pytest.mark.parametrize('ip, reason', [
-    # public
-    ('8.8.8.8', None), ('1.1.1.1', None), ('2606:4700:4700::1111', None),
-    ('::ffff:8.8.8.8', None), ('64:ff9b::808:808', None), ('2002:808:808::1', None),
-    # plain IPv4
-    ('127.0.0.1', 'loopback'), ('127.255.255.254', 'loopback'), ('10.1.2.3', 'private'), ('172.16.0.1', 'private'),
-    ('192.168.1.1', 'private'), ('169.254.169.254', 'link-local'), ('0.0.0.0', 'unspecified'),
-    ('224.0.0.1', 'multicast'), ('239.1.1.1', 'multicast'), ('240.0.0.1', ''), ('100.64.0.1', 'not globally'),
-    ('255.255.255.255', ''),
-    # plain IPv6
-    ('::1', 'loopback'), ('::', 'unspecified'), ('fe80::1', 'link-local'), ('fe80::1%eth0', 'link-local'),
-    ('fc00::1', 'unique-local'), ('fd12:3456::1', 'unique-local'), ('fec0::1', 'site-local'),
-    ('ff02::1', 'multicast'), ('ff0e::1', 'multicast'), ('2001:db8::1', ''), ('100::1', ''),
-    # IPv4-mapped: the IPv4 address decides
-    ('::ffff:127.0.0.1', 'IPv4-mapped form of the loopback address 127.0.0.1'),
-    ('::ffff:169.254.169.254', 'IPv4-mapped form of the link-local address 169.254.169.254'),
-    # IPv4-compatible (deprecated): refused, naming the IPv4 address when that is not public
-    ('::127.0.0.1', 'IPv4-compatible form of the loopback address 127.0.0.1'),
-    ('::10.0.0.1', 'IPv4-compatible form of the private address 10.0.0.1'),
-    ('::8.8.8.8', 'reserved'),
-    # NAT64, well-known prefix (the last 32 bits) and local-use prefix (refused whole)
-    ('64:ff9b::7f00:1', 'NAT64 form of the loopback address 127.0.0.1'),
-    ('64:ff9b::a9fe:a9fe', 'NAT64 form of the link-local address 169.254.169.254'),
-    ('64:ff9b::a00:1', 'NAT64 form of the private address 10.0.0.1'),
-    ('64:ff9b:1::808:808', 'local-use NAT64'), ('64:ff9b:1::7f00:1', 'local-use NAT64'),
-    # 6to4 (bits 16-48)
-    ('2002:7f00:1::', '6to4 form of the loopback address 127.0.0.1'),
-    ('2002:a9fe:a9fe::', '6to4 form of the link-local address 169.254.169.254'),
-    ('2002:c0a8:101::1', '6to4 form of the private address 192.168.1.1'),
-    # Teredo: the server (bits 32-64) and the obfuscated client (last 32 bits); 2001::/23 is not public anyway
-    (teredo('127.0.0.1', '8.8.8.8'), 'Teredo server form of the loopback address 127.0.0.1'),
-    (teredo('8.8.8.8', '10.0.0.1'), 'Teredo client form of the private address 10.0.0.1'),
-    (teredo('8.8.8.8', '8.8.4.4'), ''),
-])
+@pytest.mark.parametrize(
+    'ip, reason',
+    [
+        # public
+        ('8.8.8.8', None),
+        ('1.1.1.1', None),
+        ('2606:4700:4700::1111', None),
+        ('::ffff:8.8.8.8', None),
+        ('64:ff9b::808:808', None),
+        ('2002:808:808::1', None),
+        # plain IPv4
+        ('127.0.0.1', 'loopback'),
+        ('127.255.255.254', 'loopback'),
+        ('10.1.2.3', 'private'),
+        ('172.16.0.1', 'private'),
+        ('192.168.1.1', 'private'),
+        ('169.254.169.254', 'link-local'),
+        ('0.0.0.0', 'unspecified'),
+        ('224.0.0.1', 'multicast'),
+        ('239.1.1.1', 'multicast'),
+        ('240.0.0.1', ''),
+        ('100.64.0.1', 'not globally'),
+        ('255.255.255.255', ''),
+        # plain IPv6
+        ('::1', 'loopback'),
+        ('::', 'unspecified'),
+        ('fe80::1', 'link-local'),
+        ('fe80::1%eth0', 'link-local'),
+        ('fc00::1', 'unique-local'),
+        ('fd12:3456::1', 'unique-local'),
+        ('fec0::1', 'site-local'),
+        ('ff02::1', 'multicast'),
+        ('ff0e::1', 'multicast'),
+        ('2001:db8::1', ''),
+        ('100::1', ''),
+        # IPv4-mapped: the IPv4 address decides
+        ('::ffff:127.0.0.1', 'IPv4-mapped form of the loopback address 127.0.0.1'),
+        ('::ffff:169.254.169.254', 'IPv4-mapped form of the link-local address 169.254.169.254'),
+        # IPv4-compatible (deprecated): refused, naming the IPv4 address when that is not public
+        ('::127.0.0.1', 'IPv4-compatible form of the loopback address 127.0.0.1'),
+        ('::10.0.0.1', 'IPv4-compatible form of the private address 10.0.0.1'),
+        ('::8.8.8.8', 'reserved'),
+        # NAT64, well-known prefix (the last 32 bits) and local-use prefix (refused whole)
+        ('64:ff9b::7f00:1', 'NAT64 form of the loopback address 127.0.0.1'),
+        ('64:ff9b::a9fe:a9fe', 'NAT64 form of the link-local address 169.254.169.254'),
+        ('64:ff9b::a00:1', 'NAT64 form of the private address 10.0.0.1'),
+        ('64:ff9b:1::808:808', 'local-use NAT64'),
+        ('64:ff9b:1::7f00:1', 'local-use NAT64'),
+        # 6to4 (bits 16-48)
+        ('2002:7f00:1::', '6to4 form of the loopback address 127.0.0.1'),
+        ('2002:a9fe:a9fe::', '6to4 form of the link-local address 169.254.169.254'),
+        ('2002:c0a8:101::1', '6to4 form of the private address 192.168.1.1'),
+        # Teredo: the server (bits 32-64) and the obfuscated client (last 32 bits); 2001::/23 is not public anyway
+        (teredo('127.0.0.1', '8.8.8.8'), 'Teredo server form of the loopback address 127.0.0.1'),
+        (teredo('8.8.8.8', '10.0.0.1'), 'Teredo client form of the private address 10.0.0.1'),
+        (teredo('8.8.8.8', '8.8.4.4'), ''),
+    ],
+)
 def test_non_public_reason(ip, reason):
     """reason: None for public, else a part of the reason ('' where only refusal matters: labels vary by Python)."""
     from clipserve import uris

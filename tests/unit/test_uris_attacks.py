@@ -86,7 +86,7 @@ def answer(conn, status=200, body=b'', headers=()):
 
 def drip(conn, data, every=0.1):
     for i in range(len(data)):
-        conn.sendall(data[i:i + 1])
+        conn.sendall(data[i : i + 1])
         time.sleep(every)
 
 
@@ -149,8 +149,16 @@ def dns(monkeypatch):
         port = int(port or 0)
         if host in answers:
             addresses = answers[host].pop(0) if len(answers[host]) > 1 else answers[host][0]
-            return [(socket.AF_INET6 if ':' in a else socket.AF_INET, socket.SOCK_STREAM, 6, '',
-                     (a, port, 0, 0) if ':' in a else (a, port)) for a in addresses]
+            return [
+                (
+                    socket.AF_INET6 if ':' in a else socket.AF_INET,
+                    socket.SOCK_STREAM,
+                    6,
+                    '',
+                    (a, port, 0, 0) if ':' in a else (a, port),
+                )
+                for a in addresses
+            ]
         if host == 'localhost':
             return real(host, port, family, type, proto, flags)
         try:
@@ -164,12 +172,17 @@ def dns(monkeypatch):
 
 # -- 1. DNS rebinding ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def good_and_secret():
     """A 'good' server on 127.0.0.2 and a 'secret' one on 127.0.0.1, on the same port number."""
     for _ in range(50):
-        good = Server(lambda conn, path, headers: standard(conn, path, headers) if path != '/image'
-                      else answer(conn, body=b'good'), host='127.0.0.2')
+        good = Server(
+            lambda conn, path, headers: (
+                standard(conn, path, headers) if path != '/image' else answer(conn, body=b'good')
+            ),
+            host='127.0.0.2',
+        )
         try:
             secret = Server(lambda conn, path, headers: answer(conn, body=b'secret'), port=good.port)
             break
@@ -223,6 +236,7 @@ def test_an_allow_listed_name_is_resolved_once_and_connected_to_as_resolved(good
 
 # -- 2. One deadline for the whole fetch ---------------------------------------------------------
 
+
 def assert_cut_by_the_deadline(url, **kwargs):
     policy = UriPolicy(allow_remote=True, allowed_hosts=('127.0.0.1',), remote_timeout=1, **kwargs)
     started = time.monotonic()
@@ -239,8 +253,12 @@ def test_dripping_status_line_and_headers_are_cut_by_the_deadline():
 
 
 def test_dripping_body_is_cut_by_the_deadline():
-    s = Server(lambda conn, path, headers: (conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 80\r\n\r\n'),
-                                            drip(conn, b'x' * 80)))
+    s = Server(
+        lambda conn, path, headers: (
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 80\r\n\r\n'),
+            drip(conn, b'x' * 80),
+        )
+    )
     assert_cut_by_the_deadline(f'http://127.0.0.1:{s.port}/image')
     s.close()
 
@@ -279,19 +297,23 @@ def test_a_slow_resolver_is_cut_by_the_deadline(monkeypatch):
 
 # -- 3. Addresses judged by the IPv4 address inside them; odd IPv4 spellings -----------------------
 
-@pytest.mark.parametrize('url, address', [
-    ('http://[64:ff9b::7f00:1]/x', 'NAT64 form of the loopback address 127.0.0.1'),
-    ('http://[64:ff9b::a9fe:a9fe]/x', 'NAT64 form of the link-local address 169.254.169.254'),
-    ('http://[::127.0.0.1]/x', 'IPv4-compatible form of the loopback address 127.0.0.1'),
-    ('http://[2002:a9fe:a9fe::]/x', '6to4 form of the link-local address 169.254.169.254'),
-    ('http://[::ffff:127.0.0.1]/x', 'IPv4-mapped form of the loopback address 127.0.0.1'),
-    ('http://[64:ff9b:1::808:808]/x', 'local-use NAT64'),
-    ('http://2130706433/x', '127.0.0.1 (loopback)'),
-    ('http://0x7f.1/x', '127.0.0.1 (loopback)'),
-    ('http://127.1/x', '127.0.0.1 (loopback)'),
-    ('http://017700000001/x', '127.0.0.1 (loopback)'),
-    ('http://0/x', '0.0.0.0 (unspecified)'),
-])
+
+@pytest.mark.parametrize(
+    'url, address',
+    [
+        ('http://[64:ff9b::7f00:1]/x', 'NAT64 form of the loopback address 127.0.0.1'),
+        ('http://[64:ff9b::a9fe:a9fe]/x', 'NAT64 form of the link-local address 169.254.169.254'),
+        ('http://[::127.0.0.1]/x', 'IPv4-compatible form of the loopback address 127.0.0.1'),
+        ('http://[2002:a9fe:a9fe::]/x', '6to4 form of the link-local address 169.254.169.254'),
+        ('http://[::ffff:127.0.0.1]/x', 'IPv4-mapped form of the loopback address 127.0.0.1'),
+        ('http://[64:ff9b:1::808:808]/x', 'local-use NAT64'),
+        ('http://2130706433/x', '127.0.0.1 (loopback)'),
+        ('http://0x7f.1/x', '127.0.0.1 (loopback)'),
+        ('http://127.1/x', '127.0.0.1 (loopback)'),
+        ('http://017700000001/x', '127.0.0.1 (loopback)'),
+        ('http://0/x', '0.0.0.0 (unspecified)'),
+    ],
+)
 def test_non_public_addresses_in_any_spelling_are_refused_without_connecting(url, address, connections):
     with pytest.raises(UriError, match=f'non-public address .*{re.escape(address)}'):
         UriPolicy(allow_remote=True).load(url)
@@ -301,7 +323,8 @@ def test_non_public_addresses_in_any_spelling_are_refused_without_connecting(url
 def test_a_redirect_to_an_embedded_loopback_address_is_refused_without_connecting(server, connections):
     with pytest.raises(UriError, match='NAT64 form of the loopback address 127.0.0.1'):
         UriPolicy(allow_remote=True, allowed_hosts=('127.0.0.1',)).load(
-            f'http://127.0.0.1:{server.port}/redirect?http://[64:ff9b::7f00:1]:{server.port}/image')
+            f'http://127.0.0.1:{server.port}/redirect?http://[64:ff9b::7f00:1]:{server.port}/image'
+        )
     assert connections == ['127.0.0.1']  # the first hop only
 
 
@@ -314,6 +337,7 @@ def test_a_cidr_allow_list_matches_the_resolved_address(server, dns):
 
 
 # -- Redirects, followed by the module itself ------------------------------------------------------
+
 
 def policy():
     return UriPolicy(allow_remote=True, allowed_hosts=('127.0.0.1',), remote_timeout=5)
@@ -338,6 +362,7 @@ def test_redirects_to_non_http_schemes_are_refused(server, target):
 
 
 # -- The request and the body -------------------------------------------------------------------
+
 
 def test_the_request_asks_for_an_identity_encoded_body(server):
     assert policy().load(f'http://127.0.0.1:{server.port}/image') == b'image'
@@ -369,8 +394,12 @@ def test_a_chunked_body_is_read_and_capped():
 
 
 def test_a_declared_length_over_the_cap_is_refused_before_reading():
-    s = Server(lambda conn, path, headers: (conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n'),
-                                            time.sleep(5)))
+    s = Server(
+        lambda conn, path, headers: (
+            conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n'),
+            time.sleep(5),
+        )
+    )
     started = time.monotonic()
     with pytest.raises(UriError, match='larger than the limit'):
         policy().load(f'http://127.0.0.1:{s.port}/image')
@@ -396,12 +425,32 @@ def test_proxy_environment_variables_are_not_honoured(server, monkeypatch):
 
 # -- https: the connection goes to the checked address, TLS is for the name ---------------------------
 
+
 @pytest.fixture(scope='module')
 def tls_test_cert(tmp_path_factory):
     folder = tmp_path_factory.mktemp('tls-test')
-    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(folder / 'key.pem'),
-                    '-out', str(folder / 'cert.pem'), '-days', '2', '-subj', '/CN=tls.test',
-                    '-addext', 'subjectAltName=DNS:tls.test'], check=True, capture_output=True)
+    subprocess.run(
+        [
+            'openssl',
+            'req',
+            '-x509',
+            '-newkey',
+            'rsa:2048',
+            '-nodes',
+            '-keyout',
+            str(folder / 'key.pem'),
+            '-out',
+            str(folder / 'cert.pem'),
+            '-days',
+            '2',
+            '-subj',
+            '/CN=tls.test',
+            '-addext',
+            'subjectAltName=DNS:tls.test',
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(folder / 'cert.pem'), str(folder / 'key.pem')
 
 

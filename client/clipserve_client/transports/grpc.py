@@ -78,7 +78,9 @@ class GrpcTransport:
         details = err.details() or ''
         if err.code() == grpc.StatusCode.UNAVAILABLE:
             if any(hint in details.lower() for hint in _TLS_FAILURE_HINTS):
-                return ConnectionError(f'TLS with {self._address} failed: {details}. If the server uses a private '
-                                       'certificate authority, pass ca_file=')
+                return ConnectionError(
+                    f'TLS with {self._address} failed: {details}. If the server uses a private '
+                    'certificate authority, pass ca_file='
+                )
             return RetryableError(f'{self._address} is unavailable: {details}')
         return BadServerFlow(f'{self._address} answered with gRPC error {err.code().name}: {details}')

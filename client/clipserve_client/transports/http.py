@@ -48,15 +48,19 @@ class HttpTransport:
             async with self._session.post(self._url, json=body) as reply:
                 status, text = reply.status, await reply.text()
         except aiohttp.ClientSSLError as err:
-            raise ConnectionError(f'TLS with {self._address} failed: {err}. If the server uses a private '
-                                  'certificate authority, pass ca_file=') from err
+            raise ConnectionError(
+                f'TLS with {self._address} failed: {err}. If the server uses a private '
+                'certificate authority, pass ca_file='
+            ) from err
         except aiohttp.ClientConnectionError as err:
             raise RetryableError(f'{self._address} is unavailable: {err}') from err
         if status in _TRANSIENT_STATUS:
             raise RetryableError(f'{self._url} answered HTTP {status}: {text[:300]}')
         if status == 404:
-            raise BadServerFlow(f'{self._url} does not exist: is {self._address} a Jina HTTP gateway in '
-                                'docarray-v1 mode (what clipserve serves)?')
+            raise BadServerFlow(
+                f'{self._url} does not exist: is {self._address} a Jina HTTP gateway in '
+                'docarray-v1 mode (what clipserve serves)?'
+            )
         try:
             answer = json.loads(text) if status == 200 else None
         except ValueError:

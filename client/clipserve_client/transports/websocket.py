@@ -32,8 +32,12 @@ class _Connection:
                     future = self.waiting.pop(response.header.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(response)
-                elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING,
-                                      aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                elif message.type in (
+                    aiohttp.WSMsgType.CLOSE,
+                    aiohttp.WSMsgType.CLOSING,
+                    aiohttp.WSMsgType.CLOSED,
+                    aiohttp.WSMsgType.ERROR,
+                ):
                     reason = str(message.extra or '')
                     break
         finally:
@@ -81,15 +85,20 @@ class WebSocketTransport:
             if self._connection is None or not self._connection.open:
                 try:
                     socket = await self._session.ws_connect(
-                        self._url, protocols=('bytes',), headers=self._headers, max_msg_size=0)
+                        self._url, protocols=('bytes',), headers=self._headers, max_msg_size=0
+                    )
                 except aiohttp.ClientSSLError as err:
-                    raise ConnectionError(f'TLS with {self._address} failed: {err}. If the server uses a private '
-                                          'certificate authority, pass ca_file=') from err
+                    raise ConnectionError(
+                        f'TLS with {self._address} failed: {err}. If the server uses a private '
+                        'certificate authority, pass ca_file='
+                    ) from err
                 except aiohttp.WSServerHandshakeError as err:
                     if err.status in (502, 503, 504):
                         raise RetryableError(f'{self._url} answered HTTP {err.status}') from err
-                    raise BadServerFlow(f'{self._url} refused the WebSocket (HTTP {err.status}): is '
-                                        f'{self._address} a Jina WebSocket gateway?') from err
+                    raise BadServerFlow(
+                        f'{self._url} refused the WebSocket (HTTP {err.status}): is '
+                        f'{self._address} a Jina WebSocket gateway?'
+                    ) from err
                 except aiohttp.ClientConnectionError as err:
                     raise RetryableError(f'{self._address} is unavailable: {err}') from err
                 self._connection = _Connection(socket)

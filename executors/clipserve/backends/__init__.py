@@ -8,8 +8,13 @@ from clipserve.models.names import ModelName
 BACKENDS = ('torch', 'onnx', 'tensorrt')
 
 
-def create_backend(kind: str, model: str | ModelName | None, options: BackendOptions, model_path: str | None = None,
-                   max_batch: int | None = None) -> Backend:
+def create_backend(
+    kind: str,
+    model: str | ModelName | None,
+    options: BackendOptions,
+    model_path: str | None = None,
+    max_batch: int | None = None,
+) -> Backend:
     """Build the backend `kind` for `model` (a parsed ModelName, or a name to parse); imports the runtime only now.
 
     `model_path` is a directory of exported files (onnx, tensorrt); the torch backend takes its weights
@@ -19,7 +24,9 @@ def create_backend(kind: str, model: str | ModelName | None, options: BackendOpt
     """
     if kind == 'torch':
         if model_path:
-            raise ValueError('model_path is for the onnx backend; for torch, name a checkpoint: "arch::/path/to/weights"')
+            raise ValueError(
+                'model_path is for the onnx backend; for torch, name a checkpoint: "arch::/path/to/weights"'
+            )
         from clipserve.backends.torch_backend import TorchBackend
 
         return TorchBackend(model, options)

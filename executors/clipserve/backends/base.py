@@ -15,9 +15,9 @@ from clipserve.models.preprocess import PreprocessConfig
 class BackendOptions:
     """Runtime settings shared by all backends. `None` means: let the backend pick."""
 
-    device: str | None = None        # 'cpu', 'cuda', 'cuda:1'; None = cuda when present, else cpu
-    dtype: str | None = None         # 'fp32', 'fp16', 'bf16'; None = fp32 on cpu, fp16 on cuda
-    num_threads: int | None = None   # CPU threads for this replica; None = leave the runtime's default
+    device: str | None = None  # 'cpu', 'cuda', 'cuda:1'; None = cuda when present, else cpu
+    dtype: str | None = None  # 'fp32', 'fp16', 'bf16'; None = fp32 on cpu, fp16 on cuda
+    num_threads: int | None = None  # CPU threads for this replica; None = leave the runtime's default
 
 
 class Backend(ABC):
@@ -61,7 +61,7 @@ class Backend(ABC):
         if len(pixels) == 0:
             return np.zeros((0, self.embed_dim), dtype=np.float32)
         step = self.cpu_image_chunk if self.device == 'cpu' else len(pixels)
-        out = np.concatenate([self._encode_images(pixels[i:i + step]) for i in range(0, len(pixels), step)])
+        out = np.concatenate([self._encode_images(pixels[i : i + step]) for i in range(0, len(pixels), step)])
         self._count(images=len(pixels))
         return np.ascontiguousarray(out, dtype=np.float32)
 

@@ -74,8 +74,13 @@ class ExportMetadata:
         return data
 
     def preprocess_config(self) -> PreprocessConfig:
-        return PreprocessConfig(image_size=int(self.image_size), mean=tuple(self.mean), std=tuple(self.std),
-                                interpolation=self.interpolation, resize_mode=self.resize_mode)
+        return PreprocessConfig(
+            image_size=int(self.image_size),
+            mean=tuple(self.mean),
+            std=tuple(self.std),
+            interpolation=self.interpolation,
+            resize_mode=self.resize_mode,
+        )
 
 
 def has_metadata(folder: Path) -> bool:
@@ -97,13 +102,19 @@ def write_metadata(folder: Path, metadata: ExportMetadata) -> None:
     (Path(folder) / METADATA_FILE).write_text(json.dumps(metadata.to_dict(), indent=2))
 
 
-def clip_as_service_metadata(model: str | None, folder: Path, graph_image_size: int | None,
-                             graph_embed_dim: int | None) -> ExportMetadata:
+def clip_as_service_metadata(
+    model: str | None, folder: Path, graph_image_size: int | None, graph_embed_dim: int | None
+) -> ExportMetadata:
     """A clip-as-service folder: OpenAI mean/std for every model, 77 tokens, the size from the graph or its table."""
     parsed = parse_model_name(model) if model else None
     size = graph_image_size or _CAS_IMAGE_SIZES.get(parsed.arch if parsed else '', 224)
-    return ExportMetadata(model=str(parsed) if parsed else Path(folder).name, image_size=size, mean=OPENAI_MEAN,
-                          std=OPENAI_STD, embed_dim=graph_embed_dim)
+    return ExportMetadata(
+        model=str(parsed) if parsed else Path(folder).name,
+        image_size=size,
+        mean=OPENAI_MEAN,
+        std=OPENAI_STD,
+        embed_dim=graph_embed_dim,
+    )
 
 
 def missing_files(folder: Path, files=GRAPH_FILES) -> list[str]:
@@ -128,7 +139,8 @@ def export_in_subprocess(name: str, target: Path) -> None:
     logger.info('exporting %s to ONNX into %s (first use; later starts load the cached files)', name, target)
     result = subprocess.run(
         [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', name, str(target)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         if 'No module named' in result.stderr and ('torch' in result.stderr or 'open_clip' in result.stderr):

@@ -32,8 +32,12 @@ from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 
-_NP_TYPES = {'tensor(int32)': np.int32, 'tensor(int64)': np.int64, 'tensor(float)': np.float32,
-             'tensor(float16)': np.float16}
+_NP_TYPES = {
+    'tensor(int32)': np.int32,
+    'tensor(int64)': np.int64,
+    'tensor(float)': np.float32,
+    'tensor(float16)': np.float16,
+}
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +118,12 @@ class OnnxBackend(Backend):
     def _metadata(self, folder: Path, model: str | None) -> ExportMetadata:
         if has_metadata(folder):
             return read_metadata(folder)
-        return clip_as_service_metadata(model, folder, _static(self.visual.get_inputs()[0].shape[-1]),
-                                        _static(self.visual.get_outputs()[0].shape[-1]))
+        return clip_as_service_metadata(
+            model,
+            folder,
+            _static(self.visual.get_inputs()[0].shape[-1]),
+            _static(self.visual.get_outputs()[0].shape[-1]),
+        )
 
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':
@@ -151,8 +159,8 @@ class OnnxBackend(Backend):
     def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if self._text_length and input_ids.shape[1] != self._text_length:
             pad = self._text_length - input_ids.shape[1]
-            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, :self._text_length]
-            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, :self._text_length]
+            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, : self._text_length]
+            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, : self._text_length]
         feeds = {}
         for name, np_type in self._text_inputs.items():
             feeds[name] = (attention_mask if 'mask' in name else input_ids).astype(np_type, copy=False)

@@ -69,29 +69,39 @@ def _parameter_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
-def _export(module, args, path: Path, input_names, output_name, dynamic_axes, opset: int,
-            external_data: bool) -> None:
+def _export(module, args, path: Path, input_names, output_name, dynamic_axes, opset: int, external_data: bool) -> None:
     """torch.export-based ONNX export (the TorchScript exporter bakes attention's shapes into constants)."""
-    shapes = {name: {axis: torch.export.Dim(label, min=1, max=4096 if label == 'batch' else args[0].shape[1])
-                     for axis, label in dynamic_axes[name].items()}
-              for name in input_names}
+    shapes = {
+        name: {
+            axis: torch.export.Dim(label, min=1, max=4096 if label == 'batch' else args[0].shape[1])
+            for axis, label in dynamic_axes[name].items()
+        }
+        for name in input_names
+    }
     # Two inputs with the same named axis must share one Dim object.
     dims = {}
     for name in input_names:
         shapes[name] = {axis: dims.setdefault(dynamic_axes[name][axis], dim) for axis, dim in shapes[name].items()}
     if not external_data and _parameter_bytes(module) > _TWO_GB * 0.9:
-        raise ExportError(f'{path.name} would exceed protobuf\'s 2 GB limit; export with external data')
+        raise ExportError(f"{path.name} would exceed protobuf's 2 GB limit; export with external data")
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         program = torch.onnx.export(
-            module, args, input_names=input_names, output_names=[output_name],
-            dynamic_shapes=shapes, opset_version=opset, dynamo=True, verbose=False,
+            module,
+            args,
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_shapes=shapes,
+            opset_version=opset,
+            dynamo=True,
+            verbose=False,
         )
     program.save(str(path), external_data=external_data)
 
 
-def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True,
-                external_data: bool = True) -> ExportMetadata:
+def export_onnx(
+    name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True, external_data: bool = True
+) -> ExportMetadata:
     """Export `name` to `out_dir`; returns the metadata written to clipserve.json.
 
     `external_data`: keep weights in `<graph>.onnx.data` files (False: one self-contained file per
@@ -113,17 +123,41 @@ def export_onnx(name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSE
     seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
     try:
         with torch.no_grad():
-            _export(image, (pixels,), out / VISUAL_FILE, ['pixel_values'], 'image_embeds',
-                    {'pixel_values': {0: 'batch'}}, opset, external_data)
-            _export(text, (ids, mask), out / TEXTUAL_FILE, ['input_ids', 'attention_mask'], 'text_embeds',
-                    {'input_ids': seq, 'attention_mask': seq}, opset, external_data)
+            _export(
+                image,
+                (pixels,),
+                out / VISUAL_FILE,
+                ['pixel_values'],
+                'image_embeds',
+                {'pixel_values': {0: 'batch'}},
+                opset,
+                external_data,
+            )
+            _export(
+                text,
+                (ids, mask),
+                out / TEXTUAL_FILE,
+                ['input_ids', 'attention_mask'],
+                'text_embeds',
+                {'input_ids': seq, 'attention_mask': seq},
+                opset,
+                external_data,
+            )
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     cfg = resolved.preprocess
     metadata = ExportMetadata(
-        model=str(resolved.name), embed_dim=resolved.embed_dim, image_size=cfg.image_size, mean=tuple(cfg.mean),
-        std=tuple(cfg.std), interpolation=cfg.interpolation, resize_mode=cfg.resize_mode, tokenizer=BPE_TOKENIZER,
-        context_length=context, dynamic_sequence=text.trimmed, opset=opset,
+        model=str(resolved.name),
+        embed_dim=resolved.embed_dim,
+        image_size=cfg.image_size,
+        mean=tuple(cfg.mean),
+        std=tuple(cfg.std),
+        interpolation=cfg.interpolation,
+        resize_mode=cfg.resize_mode,
+        tokenizer=BPE_TOKENIZER,
+        context_length=context,
+        dynamic_sequence=text.trimmed,
+        opset=opset,
         exporter=f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         weights_sha256=weights_hash(model),
         max_abs_diff=verify_export(out, image, text) if verify else {},
@@ -147,8 +181,10 @@ def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module) -> d
     mask = (np.arange(length) <= 8).astype(np.int64)[None].repeat(3, 0)
     diffs = {}
     options = ort.SessionOptions()
-    for tower, inputs, module in (('visual', {'pixel_values': pixels}, image),
-                                  ('textual', {'input_ids': ids, 'attention_mask': mask}, text)):
+    for tower, inputs, module in (
+        ('visual', {'pixel_values': pixels}, image),
+        ('textual', {'input_ids': ids, 'attention_mask': mask}, text),
+    ):
         session = ort.InferenceSession(str(out / f'{tower}.onnx'), options, providers=['CPUExecutionProvider'])
         got = session.run(None, inputs)[0]
         with torch.no_grad():
@@ -156,7 +192,9 @@ def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module) -> d
         diffs[tower] = float(np.abs(got - want).max())
         logger.info('%s.onnx: max |onnxruntime - torch| = %.2e', tower, diffs[tower])
         if not diffs[tower] <= TOLERANCE:
-            raise ExportError(f'{tower}.onnx differs from PyTorch by {diffs[tower]:.2e} (> {TOLERANCE:g}); export rejected')
+            raise ExportError(
+                f'{tower}.onnx differs from PyTorch by {diffs[tower]:.2e} (> {TOLERANCE:g}); export rejected'
+            )
     return diffs
 
 

@@ -66,8 +66,9 @@ def convert_to_fp16(source: Path, destination: Path) -> None:
     inferred.unlink()
     converted = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=True)
     del model
-    onnx.save_model(converted, str(destination), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=DATA_FILE)
+    onnx.save_model(
+        converted, str(destination), save_as_external_data=True, all_tensors_to_one_file=True, location=DATA_FILE
+    )
 
 
 def _target_dir(source: Path) -> Path:
@@ -88,8 +89,11 @@ def _digest(path: Path) -> str:
 
 
 def _write_integrity(folder: Path) -> None:
-    files = {name: {'bytes': (folder / name).stat().st_size, 'sha256': _digest(folder / name)}
-             for name in (MODEL_FILE, DATA_FILE) if (folder / name).is_file()}
+    files = {
+        name: {'bytes': (folder / name).stat().st_size, 'sha256': _digest(folder / name)}
+        for name in (MODEL_FILE, DATA_FILE)
+        if (folder / name).is_file()
+    }
     (folder / INTEGRITY_FILE).write_text(json.dumps({'format': FORMAT, 'files': files}, indent=2))
 
 

@@ -32,6 +32,8 @@ def resolve_dtype(backend: str, device: str, dtype: str | None) -> str:
         return default
     if asked not in accepted:
         why = _WHY_NOT.get((backend, kind, asked), f'the {backend} backend runs {" or ".join(accepted)} on {kind}')
-        raise BackendUnavailableError(f'dtype {dtype!r} is not available: {why}; use one of '
-                                      f'{", ".join(repr(a) for a in accepted)} (or "auto": {default})')
+        raise BackendUnavailableError(
+            f'dtype {dtype!r} is not available: {why}; use one of '
+            f'{", ".join(repr(a) for a in accepted)} (or "auto": {default})'
+        )
     return asked

@@ -44,13 +44,14 @@ logger = logging.getLogger(__name__)
 
 # ---- error messages ---------------------------------------------------------------------------
 
+
 def not_installed_message(cause: object) -> str:
     """Why the backend cannot start without TensorRT, and the exact command that fixes it."""
     return (
         f'the tensorrt backend needs TensorRT {MIN_TENSORRT_MAJOR}.x and cuda-python ({cause}). '
         f'Install them with: {INSTALL_COMMAND}  -- the tensorrt wheel downloads its libraries from '
         "NVIDIA's package index (pypi.nvidia.com), which must be reachable; without it, install TensorRT "
-        "from NVIDIA's tar or deb packages. Or choose backend \"onnx\" or \"torch\" yourself: clipserve "
+        'from NVIDIA\'s tar or deb packages. Or choose backend "onnx" or "torch" yourself: clipserve '
         'never falls back to another backend.'
     )
 
@@ -69,6 +70,7 @@ def describe_parser_error(error) -> str:
 
     Duck-typed on TensorRT's IParserError (`node_name`/`node_operator` exist from TensorRT 10 on).
     """
+
     def call(attribute, default):
         method = getattr(error, attribute, None)
         try:
@@ -99,6 +101,7 @@ def build_failure_message(tower: str, onnx_file: Path, stage: str, errors: list[
 
 # ---- options ----------------------------------------------------------------------------------
 
+
 def parse_cuda_device(device: str | None) -> int:
     """The CUDA device index for `device`; `None` means the first GPU. There is no CPU path."""
     parsed = parse_device(device, 'tensorrt')
@@ -122,6 +125,7 @@ def check_max_batch(max_batch) -> int:
 
 # ---- optimisation profiles --------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ShapeProfile:
     """The min/opt/max shapes TensorRT builds one input for; any shape in between runs without a rebuild."""
@@ -139,8 +143,12 @@ def image_profiles(max_batch: int, image_size: int, name: str = 'pixel_values') 
     return (ShapeProfile(name, (1, *shape), (max_batch, *shape), (max_batch, *shape)),)
 
 
-def text_profiles(max_batch: int, context_length: int, dynamic_sequence: bool,
-                  names: tuple[str, ...] = ('input_ids', 'attention_mask')) -> tuple[ShapeProfile, ...]:
+def text_profiles(
+    max_batch: int,
+    context_length: int,
+    dynamic_sequence: bool,
+    names: tuple[str, ...] = ('input_ids', 'attention_mask'),
+) -> tuple[ShapeProfile, ...]:
     """Batch 1..max_batch, and length 1..context when the export lets the base class trim padding.
 
     Every text input gets the same profile: ids and mask always share their shape.
@@ -150,18 +158,24 @@ def text_profiles(max_batch: int, context_length: int, dynamic_sequence: bool,
         lengths = (1, min(context_length, OPT_TEXT_LENGTH), context_length)
     else:
         lengths = (context_length,) * 3
-    return tuple(ShapeProfile(name, (1, lengths[0]), (max_batch, lengths[1]), (max_batch, lengths[2]))
-                 for name in names)
+    return tuple(
+        ShapeProfile(name, (1, lengths[0]), (max_batch, lengths[1]), (max_batch, lengths[2])) for name in names
+    )
 
 
 def profile_signature(profiles) -> str:
     """A canonical text form of the profiles, for the cache key: order of inputs does not matter."""
+
     def dims(shape):
         return 'x'.join(str(d) for d in shape)
-    return ';'.join(f'{p.name}={dims(p.min)}/{dims(p.opt)}/{dims(p.max)}' for p in sorted(profiles, key=lambda p: p.name))
+
+    return ';'.join(
+        f'{p.name}={dims(p.min)}/{dims(p.opt)}/{dims(p.max)}' for p in sorted(profiles, key=lambda p: p.name)
+    )
 
 
 # ---- cache keys and paths ---------------------------------------------------------------------
+
 
 def onnx_sha256(onnx_file: Path) -> str:
     """sha256 over the graph and its external-data file, if any: the engine depends on both."""
@@ -217,6 +231,7 @@ def timing_cache_path(tensorrt_version: str, gpu_name: str, compute_capability: 
 
 # ---- engine files -----------------------------------------------------------------------------
 
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, 'rb') as f:
@@ -261,7 +276,8 @@ def stale_reason(engine_file: Path, key: EngineKey) -> str | None:
     differing = [f.name for f in fields(EngineKey) if recorded_key.get(f.name) != wanted[f.name]]
     if differing:
         return 'it was built for another ' + ', '.join(
-            f'{name} ({recorded_key.get(name)!r}, now {wanted[name]!r})' for name in differing)
+            f'{name} ({recorded_key.get(name)!r}, now {wanted[name]!r})' for name in differing
+        )
     actual = engine_file.stat().st_size
     if actual != size:
         return f'the engine file has {actual} bytes, its sidecar says {size} (truncated or replaced)'
@@ -304,8 +320,12 @@ def load_or_build(engine_file: Path, key: EngineKey, deserialize, build):
                 logger.info('loaded the cached %s engine %s', key.tower, engine_file)
                 return engine, None
             reason = reason or 'TensorRT could not deserialize it'
-        logger.warning('building the %s TensorRT engine (%s); this takes minutes once, later starts load %s',
-                       key.tower, reason, engine_file)
+        logger.warning(
+            'building the %s TensorRT engine (%s); this takes minutes once, later starts load %s',
+            key.tower,
+            reason,
+            engine_file,
+        )
         blob = build()
         write_engine(engine_file, key, blob)
     engine = deserialize(blob)
@@ -315,6 +335,7 @@ def load_or_build(engine_file: Path, key: EngineKey, deserialize, build):
 
 
 # ---- the export TensorRT builds from ------------------------------------------------------------
+
 
 def locate_export(model: str | None, model_path: str | None) -> Path:
     """The directory of clipserve's ONNX export: `model_path`, else the export cache (exporting on first use)."""
@@ -332,6 +353,7 @@ def locate_export(model: str | None, model_path: str | None) -> Path:
 
 # ---- TensorRT and CUDA (imported only here) ---------------------------------------------------------
 
+
 def _version_major(version: str) -> int:
     match = re.match(r'(\d+)', str(version))
     return int(match.group(1)) if match else 0
@@ -345,10 +367,16 @@ def import_tensorrt():
         raise BackendUnavailableError(not_installed_message(f'import tensorrt failed: {e}')) from e
     version = getattr(trt, '__version__', '0')
     if not MIN_TENSORRT_MAJOR <= _version_major(version) <= MAX_TENSORRT_MAJOR:
-        raise BackendUnavailableError(not_installed_message(
-            f'found TensorRT {version}, outside the supported {MIN_TENSORRT_MAJOR}.x'
-            + (': TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines use'
-               if _version_major(version) > MAX_TENSORRT_MAJOR else '')))
+        raise BackendUnavailableError(
+            not_installed_message(
+                f'found TensorRT {version}, outside the supported {MIN_TENSORRT_MAJOR}.x'
+                + (
+                    ': TensorRT 11 removed BuilderFlag.FP16, which the fp16 engines use'
+                    if _version_major(version) > MAX_TENSORRT_MAJOR
+                    else ''
+                )
+            )
+        )
     return trt
 
 
@@ -403,8 +431,15 @@ def cuda_device(cudart, index: int, device: str) -> GpuInfo:
     return GpuInfo(index, name.split('\x00')[0].strip(), f'{props.major}.{props.minor}')
 
 
-_NUMPY_TYPES = {'FLOAT': np.float32, 'HALF': np.float16, 'INT32': np.int32, 'INT64': np.int64, 'INT8': np.int8,
-                'UINT8': np.uint8, 'BOOL': np.bool_}
+_NUMPY_TYPES = {
+    'FLOAT': np.float32,
+    'HALF': np.float16,
+    'INT32': np.int32,
+    'INT64': np.int64,
+    'INT8': np.int8,
+    'UINT8': np.uint8,
+    'BOOL': np.bool_,
+}
 
 
 def _numpy_dtype(trt, data_type) -> np.dtype:
@@ -414,15 +449,21 @@ def _numpy_dtype(trt, data_type) -> np.dtype:
     except (TypeError, KeyError, ValueError):
         name = str(getattr(data_type, 'name', data_type)).rsplit('.', 1)[-1].upper()
         if name not in _NUMPY_TYPES:
-            raise EngineBuildError(f'the engine has a tensor of type {data_type}, which has no numpy equivalent') from None
+            raise EngineBuildError(
+                f'the engine has a tensor of type {data_type}, which has no numpy equivalent'
+            ) from None
         return np.dtype(_NUMPY_TYPES[name])
 
 
 def _make_trt_logger(trt):
     """A TensorRT logger that forwards to `logging` and keeps the errors, so failures can quote them."""
-    levels = {int(trt.ILogger.Severity.INTERNAL_ERROR): logging.ERROR, int(trt.ILogger.Severity.ERROR): logging.ERROR,
-              int(trt.ILogger.Severity.WARNING): logging.WARNING, int(trt.ILogger.Severity.INFO): logging.DEBUG,
-              int(trt.ILogger.Severity.VERBOSE): logging.DEBUG}
+    levels = {
+        int(trt.ILogger.Severity.INTERNAL_ERROR): logging.ERROR,
+        int(trt.ILogger.Severity.ERROR): logging.ERROR,
+        int(trt.ILogger.Severity.WARNING): logging.WARNING,
+        int(trt.ILogger.Severity.INFO): logging.DEBUG,
+        int(trt.ILogger.Severity.VERBOSE): logging.DEBUG,
+    }
 
     class _Logger(trt.ILogger):
         def __init__(self):
@@ -473,8 +514,11 @@ def _build_engine(trt, trt_logger, tower: str, onnx_file: Path, profiles, precis
     by_name = {p.name: p for p in profiles}
     unknown = sorted(graph_inputs - set(by_name))
     if unknown:
-        raise EngineBuildError(build_failure_message(
-            tower, onnx_file, 'configuring', [f'graph inputs without a shape profile: {", ".join(unknown)}']))
+        raise EngineBuildError(
+            build_failure_message(
+                tower, onnx_file, 'configuring', [f'graph inputs without a shape profile: {", ".join(unknown)}']
+            )
+        )
     profile = builder.create_optimization_profile()
     for name in sorted(graph_inputs):
         p = by_name[name]
@@ -532,19 +576,29 @@ class _TowerRunner:
         for name, dtype, pointer in self.inputs:
             array = np.ascontiguousarray(feeds[name], dtype=dtype)
             if not self.context.set_input_shape(name, array.shape):
-                raise ValueError(f'input {name} of shape {array.shape} is outside the engine\'s profile '
-                                 f'{tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(name, 0))}')
-            _cuda(cudart, cudart.cudaMemcpyAsync(pointer, array.ctypes.data, array.nbytes,
-                                                 cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream),
-                  'cudaMemcpyAsync (to the GPU)')
+                raise ValueError(
+                    f"input {name} of shape {array.shape} is outside the engine's profile "
+                    f'{tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(name, 0))}'
+                )
+            _cuda(
+                cudart,
+                cudart.cudaMemcpyAsync(
+                    pointer, array.ctypes.data, array.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream
+                ),
+                'cudaMemcpyAsync (to the GPU)',
+            )
             kept.append(array)  # alive until the stream is synchronised
         name, dtype, pointer = self.outputs[0]
         out = np.empty(tuple(self.context.get_tensor_shape(name)), dtype=dtype)
         if not self.context.execute_async_v3(int(self.stream)):
             raise RuntimeError('TensorRT execute_async_v3 failed; see the TensorRT messages in the log')
-        _cuda(cudart, cudart.cudaMemcpyAsync(out.ctypes.data, pointer, out.nbytes,
-                                             cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream),
-              'cudaMemcpyAsync (from the GPU)')
+        _cuda(
+            cudart,
+            cudart.cudaMemcpyAsync(
+                out.ctypes.data, pointer, out.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream
+            ),
+            'cudaMemcpyAsync (from the GPU)',
+        )
         _cuda(cudart, cudart.cudaStreamSynchronize(self.stream), 'cudaStreamSynchronize')
         return out.astype(np.float32, copy=False)
 
@@ -566,8 +620,13 @@ class TensorRTBackend(Backend):
 
     name = 'tensorrt'
 
-    def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), model_path: str | None = None,
-                 max_batch: int = 32):
+    def __init__(
+        self,
+        model: str | None,
+        options: BackendOptions = BackendOptions(),
+        model_path: str | None = None,
+        max_batch: int = 32,
+    ):
         super().__init__()
         self.max_batch = check_max_batch(max_batch)
         self._runners: list[_TowerRunner] = []
@@ -588,21 +647,33 @@ class TensorRTBackend(Backend):
         _cuda(cudart, cudart.cudaSetDevice(index), 'cudaSetDevice')
         self._trt_logger = _make_trt_logger(trt)
         self._runtime = trt.Runtime(self._trt_logger)  # must outlive the engines it deserialized
-        profiles = {'visual': image_profiles(self.max_batch, self.preprocess.image_size),
-                    'textual': text_profiles(self.max_batch, self.context_length, dynamic)}
+        profiles = {
+            'visual': image_profiles(self.max_batch, self.preprocess.image_size),
+            'textual': text_profiles(self.max_batch, self.context_length, dynamic),
+        }
         timing_file = timing_cache_path(trt.__version__, self.gpu.name, self.gpu.compute_capability)
         self.engine_files: dict[str, Path] = {}
         self.built: dict[str, str | None] = {}  # tower -> why it was built at this start; None = loaded from cache
         engines = {}
         for tower in TOWERS:
             onnx_file = folder / f'{tower}.onnx'
-            key = EngineKey(tower=tower, onnx_sha256=onnx_sha256(onnx_file), tensorrt_version=trt.__version__,
-                            gpu_name=self.gpu.name, compute_capability=self.gpu.compute_capability,
-                            precision=self.dtype, profile=profile_signature(profiles[tower]))
+            key = EngineKey(
+                tower=tower,
+                onnx_sha256=onnx_sha256(onnx_file),
+                tensorrt_version=trt.__version__,
+                gpu_name=self.gpu.name,
+                compute_capability=self.gpu.compute_capability,
+                precision=self.dtype,
+                profile=profile_signature(profiles[tower]),
+            )
             self.engine_files[tower] = engine_path(key)
             engines[tower], self.built[tower] = load_or_build(
-                self.engine_files[tower], key, self._runtime.deserialize_cuda_engine,
-                lambda t=tower, f=onnx_file: _build_engine(trt, self._trt_logger, t, f, profiles[t], self.dtype, timing_file),
+                self.engine_files[tower],
+                key,
+                self._runtime.deserialize_cuda_engine,
+                lambda t=tower, f=onnx_file: _build_engine(
+                    trt, self._trt_logger, t, f, profiles[t], self.dtype, timing_file
+                ),
             )
         try:
             self.visual = _TowerRunner(trt, cudart, engines['visual'], index)
@@ -635,8 +706,8 @@ class TensorRTBackend(Backend):
     def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         if not self.trims_padding and input_ids.shape[1] != self.context_length:
             pad = self.context_length - input_ids.shape[1]
-            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, :self.context_length]
-            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, :self.context_length]
+            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, : self.context_length]
+            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, : self.context_length]
         outs = []
         for a, b in self._chunks(len(input_ids)):
             feeds = {name: (attention_mask if 'mask' in name else input_ids)[a:b] for name in self._text_inputs}
@@ -644,5 +715,7 @@ class TensorRTBackend(Backend):
         return np.concatenate(outs)
 
     def describe(self) -> str:
-        return (f'{self.model_name} on tensorrt ({self.gpu.name}, sm {self.gpu.compute_capability}, {self.dtype}, '
-                f'batch 1..{self.max_batch}, dim {self.embed_dim})')
+        return (
+            f'{self.model_name} on tensorrt ({self.gpu.name}, sm {self.gpu.compute_capability}, {self.dtype}, '
+            f'batch 1..{self.max_batch}, dim {self.embed_dim})'
+        )

@@ -88,7 +88,9 @@ def download_weights(resolved: ResolvedModel) -> str:
 
     source = constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', '')
     if source and not _reachable(source):
-        raise _unavailable(resolved, target, f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy')
+        raise _unavailable(
+            resolved, target, f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy'
+        )
     try:
         target.mkdir(parents=True, exist_ok=True)
         path = open_clip.download_pretrained(cfg, cache_dir=str(target))
@@ -149,11 +151,13 @@ def _load_in_place(model: torch.nn.Module, checkpoint: str) -> None:
         raise RuntimeError(f'the checkpoint has no values for {", ".join(left[:5])}')
 
 
-def _load_as_open_clip_does(resolved: ResolvedModel, checkpoint: str, device: str, precision: str,
-                            kwargs: dict) -> torch.nn.Module:
+def _load_as_open_clip_does(
+    resolved: ResolvedModel, checkpoint: str, device: str, precision: str, kwargs: dict
+) -> torch.nn.Module:
     try:
-        return open_clip.create_model(resolved.arch, pretrained=checkpoint, precision=PRECISIONS[precision],
-                                      device=device, **kwargs)
+        return open_clip.create_model(
+            resolved.arch, pretrained=checkpoint, precision=PRECISIONS[precision], device=device, **kwargs
+        )
     except Exception as e:  # open_clip raises RuntimeError, AssertionError, KeyError... for a bad file
         raise WeightsUnavailableError(
             f'the checkpoint {checkpoint!r} does not fit the architecture {resolved.arch!r} '
@@ -174,8 +178,9 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
         # same weights in every process, which is what cross-backend parity tests rely on.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(RANDOM_SEED)
-            model = open_clip.create_model(resolved.arch, pretrained=None, precision=PRECISIONS[precision],
-                                           device=device, **kwargs)
+            model = open_clip.create_model(
+                resolved.arch, pretrained=None, precision=PRECISIONS[precision], device=device, **kwargs
+            )
     else:
         try:
             with _parameters_on_meta():
@@ -183,13 +188,18 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
                 model = open_clip.create_model(resolved.arch, pretrained=None, precision='fp32', device=None, **kwargs)
             _load_in_place(model, checkpoint)
             # open_clip's own device and precision step (as create_model does it; pinned by constraints.txt)
-            set_device_and_precision(model, torch.device(device), PRECISIONS[precision],
-                                     'timm_model_name' in resolved.model_cfg.get('vision_cfg', {}))
+            set_device_and_precision(
+                model,
+                torch.device(device),
+                PRECISIONS[precision],
+                'timm_model_name' in resolved.model_cfg.get('vision_cfg', {}),
+            )
         except Exception as e:
             # An architecture whose construction does not survive meta parameters still loads the
             # way open_clip does it (two copies at peak); a checkpoint that fits nothing fails there too.
-            logger.warning('loading %s in place failed (%s: %s); loading it as open_clip does',
-                           checkpoint, type(e).__name__, e)
+            logger.warning(
+                'loading %s in place failed (%s: %s); loading it as open_clip does', checkpoint, type(e).__name__, e
+            )
             model = _load_as_open_clip_does(resolved, checkpoint, device, precision, kwargs)
     model.eval()
     for parameter in model.parameters():

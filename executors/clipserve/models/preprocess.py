@@ -146,14 +146,12 @@ def _check_limits(width: int, height: int, config: PreprocessConfig) -> None:
         raise ImageError(f'image has no pixels ({width}x{height})')
     if width * height > config.max_pixels:
         raise ImageError(
-            f'image is {width}x{height} = {width * height} pixels, '
-            f'over the limit of {config.max_pixels} pixels'
+            f'image is {width}x{height} = {width * height} pixels, over the limit of {config.max_pixels} pixels'
         )
     ratio = max(width, height) / min(width, height)
     if ratio > config.max_aspect_ratio:
         raise ImageError(
-            f'image is {width}x{height}, aspect ratio {ratio:.1f} '
-            f'is over the limit of {config.max_aspect_ratio:g}'
+            f'image is {width}x{height}, aspect ratio {ratio:.1f} is over the limit of {config.max_aspect_ratio:g}'
         )
 
 

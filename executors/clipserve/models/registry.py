@@ -25,10 +25,10 @@ class ResolvedModel:
     """Everything needed to build a model: its open_clip config, weights source and preprocessing."""
 
     name: ModelName
-    arch: str                    # key in open_clip's config registry
+    arch: str  # key in open_clip's config registry
     model_cfg: dict
-    pretrained_cfg: dict         # open_clip's entry for the tag ({} for files and random)
-    quick_gelu: bool             # the activation the weights were trained with
+    pretrained_cfg: dict  # open_clip's entry for the tag ({} for files and random)
+    quick_gelu: bool  # the activation the weights were trained with
     preprocess: PreprocessConfig
 
     @property
@@ -55,7 +55,7 @@ def _register_config_file(path: str) -> str:
     if not all(key in content for key in ('embed_dim', 'vision_cfg', 'text_cfg')):
         raise UnknownModelError(
             f'architecture config file {str(config)!r} needs the keys embed_dim, vision_cfg and text_cfg '
-            '(the format of open_clip\'s model_configs/*.json)'
+            "(the format of open_clip's model_configs/*.json)"
         )
     open_clip.add_model_config(config)
     return config.stem

@@ -75,7 +75,7 @@ def _load_merges(path: str) -> list[tuple[str, str]]:
     """The merges CLIP uses, best first (the file's first line is a header)."""
     with gzip.open(path, 'rt', encoding='utf-8') as f:
         lines = f.read().split('\n')
-    return [tuple(line.split()) for line in lines[1:_NUM_MERGES + 1]]
+    return [tuple(line.split()) for line in lines[1 : _NUM_MERGES + 1]]
 
 
 # --- ftfy, segment by segment --------------------------------------------------------------------
@@ -92,15 +92,32 @@ def _char_class(codes: Iterable[int]) -> str:
 # unescaping HTML entities (just as local). When it sees no mojibake, they are all it does, and
 # unlike ftfy as a whole, they can stop at any blank.
 _LOCAL_FIXERS = (
-    ftfy.fixes.fix_latin_ligatures, ftfy.fixes.fix_character_width, ftfy.fixes.uncurl_quotes,
-    ftfy.fixes.fix_line_breaks, ftfy.fixes.fix_surrogates, ftfy.fixes.remove_terminal_escapes,
+    ftfy.fixes.fix_latin_ligatures,
+    ftfy.fixes.fix_character_width,
+    ftfy.fixes.uncurl_quotes,
+    ftfy.fixes.fix_line_breaks,
+    ftfy.fixes.fix_surrogates,
+    ftfy.fixes.remove_terminal_escapes,
     ftfy.fixes.remove_control_chars,
 )
 # The characters they change (ESC starts a terminal escape); checked by the tests.
-_LOCAL_RE = re.compile('[%s\ud800-\udfff]' % _char_class([
-    *ftfy.chardata.LIGATURES, *ftfy.chardata.WIDTH_MAP, 0x02BC, *range(0x2018, 0x2020),
-    0x0D, 0x85, 0x2028, 0x2029, 0x1B, *ftfy.chardata.CONTROL_CHARS,
-]))
+_LOCAL_RE = re.compile(
+    '[%s\ud800-\udfff]'
+    % _char_class(
+        [
+            *ftfy.chardata.LIGATURES,
+            *ftfy.chardata.WIDTH_MAP,
+            0x02BC,
+            *range(0x2018, 0x2020),
+            0x0D,
+            0x85,
+            0x2028,
+            0x2029,
+            0x1B,
+            *ftfy.chardata.CONTROL_CHARS,
+        ]
+    )
+)
 # ftfy's mojibake detector; MULTILINE so that `^` also holds at each segment of a multi-line span.
 _BADNESS_RE = re.compile(ftfy.badness.BADNESS_RE.pattern, re.VERBOSE | re.MULTILINE)
 _BADNESS_WIDTH = 7  # its longest match, in characters (checked by the tests)
@@ -124,11 +141,15 @@ def _category_chars(names: Sequence[str]) -> set[int]:
 
 # Every alternative of the mojibake pattern needs one of these (checked by the tests), so the
 # search can start near them only; plain accented, Greek or Cyrillic text has few of them.
-_MOJIBAKE_RE = re.compile('[%s]' % _char_class(
-    _category_chars(['c1', 'bad', 'law', 'currency', 'start_punctuation', 'end_punctuation', 'numeric', 'box',
-                     'upper_accented'])
-    | {ord(c) for c in 'œÙЂ°'}
-))
+_MOJIBAKE_RE = re.compile(
+    '[%s]'
+    % _char_class(
+        _category_chars(
+            ['c1', 'bad', 'law', 'currency', 'start_punctuation', 'end_punctuation', 'numeric', 'box', 'upper_accented']
+        )
+        | {ord(c) for c in 'œÙЂ°'}
+    )
+)
 _MOJIBAKE_ANCHORS = 256  # past this many such characters, one plain search is cheaper
 
 
@@ -304,8 +325,8 @@ class _CleanStream:
         if pos < self.simple_end:  # inside a simple segment: its fixes may stop at any blank
             if stop < self.simple_end:
                 self.pos = _last_blank(text, pos, stop)
-                return _local_fixes(text[pos:self.pos], self.unescape)
-            out.append(_local_fixes(text[pos:self.simple_end], self.unescape))
+                return _local_fixes(text[pos : self.pos], self.unescape)
+            out.append(_local_fixes(text[pos : self.simple_end], self.unescape))
             pos = self.simple_end
         if pos < stop:
             start = _segment_start(text, stop - 1)
@@ -328,6 +349,7 @@ class _CleanStream:
 
 
 # --- BPE -------------------------------------------------------------------------------------------
+
 
 def _merge(
     symbols: list[str],
@@ -437,7 +459,7 @@ class Tokenizer:
         lengths = np.zeros(len(texts), dtype=np.int64)
         for row, text in enumerate(texts):
             ids = [self.sot_token_id, *self.encode(text, max_tokens=width - 2), self.eot_token_id]
-            input_ids[row, :len(ids)] = ids
+            input_ids[row, : len(ids)] = ids
             lengths[row] = len(ids)
         attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
         return TokenBatch(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths)
@@ -496,7 +518,7 @@ class Tokenizer:
         """
         window = _FIRST_WINDOW
         while window < len(word):
-            chars = self._symbols(word[:window + self._longest_token])  # the window, then what may follow it
+            chars = self._symbols(word[: window + self._longest_token])  # the window, then what may follow it
             size = len(self._symbols(word[:window]))
             whole = window + self._longest_token >= len(word)
             merged, final = _merge(list(chars[:size]), self._ranks, functools.partial(self._tokens_at, chars, whole))
