@@ -1,7 +1,8 @@
-"""What CLIPEncoder and CLIPRanker share: constructor arguments, the backend, encoding and ranking documents.
+"""What CLIPEncoder and CLIPRanker share: the Jina adapter over the serving modules.
 
-This is the Jina glue layer: it turns documents into texts and image loaders for the pipeline,
-writes embeddings and scores back in place, and turns bad input into one clear error per request.
+It builds a replica from its settings (settings.py: backend, pipeline, document encoder, metrics),
+binds the endpoints (routing.py for multi-model Flows; encoding.py and rank.py do the work), answers
+/clipserve/info and /clipserve/ready, counts requests in flight and drains on shutdown (lifecycle.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ from jina import Executor, requests
 
 from clipserve import rank
 from clipserve.backends import BackendOptions, create_backend
-from clipserve.documents import drop_image_content, image_loader, split_texts_images
+from clipserve.encoding import DocumentEncoder
 from clipserve.endpoints import INFO_ENDPOINT, READY_ENDPOINT, ready_report
-from clipserve.errors import InvalidDocumentError
 from clipserve.lean_imports import keep_triton_out
 from clipserve.lifecycle import install_drain_when_served, warm_up_documents
 from clipserve.metrics import Metrics
 from clipserve.models.names import DEFAULT_MODEL
-from clipserve.options import check_bool, request_options
-from clipserve.pipeline import EncodePipeline, StageTimes
+from clipserve.pipeline import EncodePipeline
 from clipserve.routing import model_routes
 from clipserve.settings import executor_settings
 
@@ -138,6 +137,9 @@ class CLIPExecutorBase(Executor):
         self.metrics = Metrics(
             getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
         )
+        self.encoder = DocumentEncoder(
+            self.backend, self.pipeline, self.uri_policy, self.preprocess_config, self.metrics
+        )
         self.served_models = list(settings.served_models) or [self.backend.model_name]
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
@@ -212,7 +214,7 @@ class CLIPExecutorBase(Executor):
             'torch_imported': 'torch' in sys.modules,
             'triton_imported': sys.modules.get('triton') is not None,
             'pid': os.getpid(),
-            'batch_requests': bool(self.pipeline._coalescers),
+            'batch_requests': self.pipeline.batches_requests,
             'requests_in_flight': self._in_flight,
             'load_seconds': round(self.load_seconds, 3),
             'warmup_seconds': round(self.warmup_seconds, 3),
@@ -230,55 +232,14 @@ class CLIPExecutorBase(Executor):
             self._draining,
         )
 
-    # ---- encoding -------------------------------------------------------------------------
+    # ---- encoding and ranking (encoding.py, rank.py) -------------------------------------------
 
     def encode_documents(self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None) -> None:
-        """Embed every text and image document in place; raise InvalidDocumentError naming the bad ones.
-
-        `skip` holds ids (Python `id()`) of documents that keep the embedding they already have.
-        """
-        skip = skip or set()
-        texts, images = split_texts_images(d for d in docs if id(d) not in skip)
-        failures = []
-        model = self.backend.model_name
-        if images:
-            times = StageTimes()
-            loaders = [image_loader(d, self.uri_policy, self.preprocess_config) for d in images]
-            result = self.pipeline.encode_images(loaders, times)
-            self.metrics.stage_times(model, 'image', times.preprocess, times.inference)
-            for row, index in zip(result.embeddings, result.indices):
-                images[index].embedding = row
-            failures += [(images[i].id, reason) for i, reason in result.failures]
-            if drop_images:
-                for doc in images:
-                    drop_image_content(doc)
-        if texts:
-            times = StageTimes()
-            embeddings = self.pipeline.encode_texts([d.text for d in texts], times)
-            self.metrics.stage_times(model, 'text', times.preprocess, times.inference)
-            for doc, row in zip(texts, embeddings):
-                doc.embedding = row
-                doc.mime_type = 'text'
-        if failures:
-            raise InvalidDocumentError(failures)
-
-    # ---- ranking --------------------------------------------------------------------------
+        self.encoder.encode(docs, drop_images, skip)
 
     @requests(on='/rank')
     def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         """Score and sort each root document's matches as clip-as-service's /rank does (see rank.py)."""
         self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
-        self.rank_documents(docs, parameters or {})
+        rank.rank_documents(self.encoder, docs, parameters or {}, self.reuse_embeddings_default, self.logger)
         return docs
-
-    def rank_documents(self, docs: DocumentArray, parameters: dict) -> None:
-        options = request_options(parameters, '@r', self.logger)
-        reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', self.reuse_embeddings_default))
-        everyone = [d for d, _ in rank.members(docs)]
-        reused = {id(d) for d in everyone if reuse and d.embedding is not None}
-        found = rank.problems(docs, reused, self.backend.embed_dim, options.allow_empty_matches)
-        if found:
-            raise InvalidDocumentError(found)
-        self.encode_documents(DocumentArray(everyone), options.drop_image_content, reused)
-        for query in docs:
-            rank.score_and_sort(query)

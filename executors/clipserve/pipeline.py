@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from clipserve.backends.base import Backend
-from clipserve.batching import Coalescer
+from clipserve.batching import ModelThread, Task
 from clipserve.memory import release_free_memory
 from clipserve.models.tokenizer import Tokenizer
 
@@ -41,8 +41,8 @@ class StageTimes:
 
 
 class EncodePipeline:
-    """Encodes for one replica. With `batch_wait` set, concurrent requests share forward passes
-    (see clipserve.batching); otherwise each call runs the model itself, one at a time."""
+    """Encodes for one replica: preprocessing in a thread pool, forward passes on the replica's model
+    thread (clipserve.batching), where concurrent requests share them when `batch_wait` is set."""
 
     def __init__(
         self,
@@ -56,57 +56,34 @@ class EncodePipeline:
         self.minibatch_size = minibatch_size
         self.tokenizer = Tokenizer(context_length=backend.context_length)
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix='clipserve-preprocess')
-        # one forward pass at a time per replica, always on the same thread (see _forward)
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix='clipserve-model')
-        self._coalescers = []
-        if batch_wait is not None:
-            self._run_images = Coalescer(
-                self._forward(backend.encode_images),
-                minibatch_size,
-                batch_wait,
-                others_in_flight,
-                name='clipserve-image-batcher',
-            )
-            self._run_texts = Coalescer(
-                self._forward(backend.encode_texts),
-                minibatch_size,
-                batch_wait,
-                others_in_flight,
-                pad_columns=True,
-                name='clipserve-text-batcher',
-            )
-            self._coalescers = [self._run_images, self._run_texts]
-        else:
-            self._run_images = self._forward(backend.encode_images)
-            self._run_texts = self._forward(backend.encode_texts)
+        # every forward pass on one thread, which also merges concurrent requests when batch_wait is set
+        self.model_thread = ModelThread(
+            {
+                'images': Task(_releasing_memory(backend.encode_images)),
+                # the backend trims padding (Backend.encode_texts), also after the thread merged requests
+                'texts': Task(_releasing_memory(backend.encode_texts), pad_columns=True),
+            },
+            max_batch=minibatch_size,
+            max_wait=batch_wait,
+            others_in_flight=others_in_flight,
+        )
 
-    def _forward(self, encode: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        """`encode`, one call at a time on the replica's model thread, giving the memory its
-        activations used back afterwards.
+    @property
+    def batches_requests(self) -> bool:
+        return self.model_thread.batching
 
-        One thread rather than a lock around whichever request thread comes: OpenMP gives every
-        thread that starts a parallel region its own team of workers, and the math libraries keep
-        buffers per thread. Eight threads taking turns at a ViT-B-32 (torch, CPU, one process) grew
-        it by 211 MB and eight OpenMP workers; the same passes on one thread by 14 MB.
-        """
+    def _run_images(self, pixels: np.ndarray) -> np.ndarray:
+        return self.model_thread('images', pixels)
 
-        def run_and_release(*arrays: np.ndarray) -> np.ndarray:
-            try:
-                return encode(*arrays)
-            finally:
-                release_free_memory()
-
-        def run(*arrays: np.ndarray) -> np.ndarray:
-            return self._model_thread.submit(run_and_release, *arrays).result()
-
-        return run
+    def _run_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
+        if attention_mask is None:
+            attention_mask = (input_ids != 0).astype(np.int64)
+        return self.model_thread('texts', input_ids, attention_mask)
 
     def close(self) -> None:
         """Stop: queued work is cancelled; a forward pass already running finishes (the backend is closed next)."""
-        for coalescer in self._coalescers:
-            coalescer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._model_thread.shutdown(wait=True, cancel_futures=True)
+        self.model_thread.close()
 
     def encode_texts(self, texts: Sequence[str], times: StageTimes | None = None) -> np.ndarray:
         """float32 [N, D] embeddings for `texts`, in order.
@@ -126,7 +103,6 @@ class EncodePipeline:
         for start in range(0, len(texts), self.minibatch_size):
             rows = order[start : start + self.minibatch_size]
             t1 = time.perf_counter()
-            # the backend trims padding (Backend.encode_texts), also after the batcher merged requests
             out[rows] = self._run_texts(tokens.input_ids[rows], tokens.attention_mask[rows])
             times.inference += time.perf_counter() - t1
         return out
@@ -160,6 +136,18 @@ class EncodePipeline:
                 del batch, ok
         embeddings = np.concatenate(rows) if rows else np.zeros((0, self.backend.embed_dim), np.float32)
         return EncodeResult(embeddings=embeddings, indices=indices, failures=failures)
+
+
+def _releasing_memory(encode: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """`encode`, giving the memory its activations used back to the system afterwards."""
+
+    def run(*arrays: np.ndarray) -> np.ndarray:
+        try:
+            return encode(*arrays)
+        finally:
+            release_free_memory()
+
+    return run
 
 
 def _guarded(loader: ImageLoader):

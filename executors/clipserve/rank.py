@@ -13,6 +13,29 @@ from docarray.score import NamedScore
 
 from clipserve import ranking
 from clipserve.documents import has_image
+from clipserve.encoding import DocumentEncoder
+from clipserve.errors import InvalidDocumentError
+from clipserve.options import check_bool, request_options
+
+
+def rank_documents(
+    encoder: DocumentEncoder, docs: DocumentArray, parameters: dict, reuse_embeddings_default: bool, logger
+) -> None:
+    """/rank: encode what needs it, refuse what cannot be ranked (naming each document), score and sort.
+
+    `reuse_embeddings` (request parameter, else `reuse_embeddings_default`) keeps the embeddings
+    documents already carry; a query without matches fails unless `allow_empty_matches` is set.
+    """
+    options = request_options(parameters, '@r', logger)
+    reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_embeddings_default))
+    everyone = [d for d, _ in members(docs)]
+    reused = {id(d) for d in everyone if reuse and d.embedding is not None}
+    found = problems(docs, reused, encoder.backend.embed_dim, options.allow_empty_matches)
+    if found:
+        raise InvalidDocumentError(found)
+    encoder.encode(DocumentArray(everyone), options.drop_image_content, reused)
+    for query in docs:
+        score_and_sort(query)
 
 
 def members(queries: DocumentArray) -> list[tuple[Document, str]]:
