@@ -354,7 +354,7 @@ def main() -> int:
     args = parser.parse_args()
     check = Check(args.budget)
     logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
-    logging.getLogger('clipserve.backends.tensorrt_backend').setLevel(logging.INFO)
+    logging.getLogger('clipserve.backends').setLevel(logging.INFO)  # the TensorRT modules' build/load lines
     peak = float(os.environ.get('CLIPSERVE_GPU_PEAK_FLOPS', DEFAULT_PEAK))
 
     info = environment()

@@ -17,33 +17,36 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clipserve.backends import BackendOptions, create_backend
+from clipserve.backends import BackendOptions, create_backend, tensorrt_profiles, tensorrt_runtime
 from clipserve.backends import tensorrt_backend as trb
-from clipserve.backends.tensorrt_backend import (
-    INSTALL_COMMAND,
-    EngineBuildError,
+from clipserve.backends.tensorrt_cache import (
     EngineKey,
-    ShapeProfile,
-    build_failure_message,
-    cuda_device,
-    describe_parser_error,
     engine_path,
-    image_profiles,
     load_or_build,
     locate_export,
-    no_cuda_message,
-    not_installed_message,
     onnx_sha256,
-    parse_cuda_device,
-    pick_precision,
-    profile_signature,
     sidecar_path,
     stale_reason,
-    text_profiles,
     timing_cache_path,
     write_engine,
 )
-from clipserve.errors import BackendUnavailableError, InvalidParameterError, WeightsUnavailableError
+from clipserve.backends.tensorrt_profiles import (
+    ShapeProfile,
+    image_profiles,
+    parse_cuda_device,
+    pick_precision,
+    profile_signature,
+    text_profiles,
+)
+from clipserve.backends.tensorrt_runtime import (
+    INSTALL_COMMAND,
+    build_failure_message,
+    cuda_device,
+    describe_parser_error,
+    no_cuda_message,
+    not_installed_message,
+)
+from clipserve.errors import BackendUnavailableError, EngineBuildError, InvalidParameterError, WeightsUnavailableError
 from clipserve.models.tokenizer import Tokenizer
 
 from ..conftest import TINY
@@ -118,14 +121,14 @@ def test_tensorrt_import_failure_is_backend_unavailable(monkeypatch, cache):
 def test_old_tensorrt_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, 'tensorrt', types.SimpleNamespace(__version__='8.6.1'))
     with pytest.raises(BackendUnavailableError, match='found TensorRT 8.6.1'):
-        trb.import_tensorrt()
+        tensorrt_runtime.import_tensorrt()
 
 
 def test_tensorrt_11_is_refused_with_the_reason(monkeypatch):
     # TensorRT 11 removed BuilderFlag.FP16: without this check a fresh install failed with an AttributeError
     monkeypatch.setitem(sys.modules, 'tensorrt', types.SimpleNamespace(__version__='11.4.0.106'))
     with pytest.raises(BackendUnavailableError, match='found TensorRT 11.4.0.106.*removed BuilderFlag.FP16'):
-        trb.import_tensorrt()
+        tensorrt_runtime.import_tensorrt()
 
 
 def test_the_extra_caps_tensorrt_below_11():
@@ -147,7 +150,7 @@ def test_missing_cuda_python_is_backend_unavailable(monkeypatch):
 
     monkeypatch.setattr(builtins, '__import__', no_cuda)
     with pytest.raises(BackendUnavailableError, match='cuda-python is missing'):
-        trb.import_cudart()
+        tensorrt_runtime.import_cudart()
 
 
 def test_messages_say_what_and_how():
@@ -233,7 +236,7 @@ def test_image_profile():
 def test_text_profile_dynamic_and_static():
     ids, mask = text_profiles(64, 77, dynamic_sequence=True)
     assert (ids.name, mask.name) == ('input_ids', 'attention_mask')
-    assert ids.min == (1, 1) and ids.opt == (64, trb.OPT_TEXT_LENGTH) and ids.max == (64, 77)
+    assert ids.min == (1, 1) and ids.opt == (64, tensorrt_profiles.OPT_TEXT_LENGTH) and ids.max == (64, 77)
     assert (mask.min, mask.opt, mask.max) == (ids.min, ids.opt, ids.max)
     (ids,) = text_profiles(8, 77, dynamic_sequence=False, names=('input_ids',))
     assert ids.min == (1, 77) and ids.opt == (8, 77) and ids.max == (8, 77)
@@ -457,7 +460,7 @@ def test_no_gpu_is_backend_unavailable(cudart, words):
 
 def test_real_cuda_python_without_a_gpu():
     try:
-        cudart = trb.import_cudart()
+        cudart = tensorrt_runtime.import_cudart()
     except BackendUnavailableError:
         pytest.skip('cuda-python is not installed')
     error, count = cudart.cudaGetDeviceCount()
@@ -473,10 +476,10 @@ def test_numpy_dtype_of_engine_tensors():
 
     trt = types.SimpleNamespace(nptype=nptype)
     DataType = enum.Enum('DataType', 'FLOAT INT64 FP8')
-    assert trb._numpy_dtype(trt, DataType.FLOAT) == np.float32
-    assert trb._numpy_dtype(trt, DataType.INT64) == np.int64
+    assert tensorrt_runtime.numpy_dtype(trt, DataType.FLOAT) == np.float32
+    assert tensorrt_runtime.numpy_dtype(trt, DataType.INT64) == np.int64
     with pytest.raises(EngineBuildError, match='no numpy equivalent'):
-        trb._numpy_dtype(trt, DataType.FP8)
+        tensorrt_runtime.numpy_dtype(trt, DataType.FP8)
 
 
 # ---- the export the engines are built from -----------------------------------------------------

@@ -35,7 +35,13 @@ class Backend(ABC):
     preprocess: PreprocessConfig
     device: str
     dtype: str
+    #: What the text graph needs, declared by each backend so that padding happens here, once:
+    #: True when it takes any length up to `context_length` (a causal tower: a batch runs only up to
+    #: its longest text), False when it takes exactly `context_length` tokens (padded with `pad_id`).
     trims_padding: bool = False
+    pad_id: int = 0
+    #: The most rows one forward pass takes (an engine's profile); None: any. Chunking happens here, once.
+    max_batch: int | None = None
     #: On a CPU, image batches of 8 run as many images per second as batches of 32 (benchmarks/
     #: backends.py) with a quarter of the activation memory, so bigger ones run 8 at a time.
     cpu_image_chunk: int = 8
@@ -60,8 +66,8 @@ class Backend(ABC):
         """float32 [B, 3, S, S] normalised pixels -> float32 [B, D] unnormalised embeddings."""
         if len(pixels) == 0:
             return np.zeros((0, self.embed_dim), dtype=np.float32)
-        step = self.cpu_image_chunk if self.device == 'cpu' else len(pixels)
-        out = np.concatenate([self._encode_images(pixels[i : i + step]) for i in range(0, len(pixels), step)])
+        step = self.cpu_image_chunk if self.device == 'cpu' else (self.max_batch or len(pixels))
+        out = _in_chunks(self._encode_images, step, pixels)
         self._count(images=len(pixels))
         return np.ascontiguousarray(out, dtype=np.float32)
 
@@ -81,18 +87,24 @@ class Backend(ABC):
         if self.trims_padding:
             longest = int(attention_mask.sum(axis=1).max())
             input_ids, attention_mask = input_ids[:, :longest], attention_mask[:, :longest]
-        elif input_ids.shape[1] < self.context_length:  # a tower that needs the full context
-            pad = ((0, 0), (0, self.context_length - input_ids.shape[1]))
-            input_ids, attention_mask = np.pad(input_ids, pad), np.pad(attention_mask, pad)
-        out = self._encode_texts(np.ascontiguousarray(input_ids), np.ascontiguousarray(attention_mask, dtype=np.int64))
+        elif input_ids.shape[1] != self.context_length:  # a tower that takes exactly the full context
+            width = self.context_length
+            pad = ((0, 0), (0, max(0, width - input_ids.shape[1])))
+            input_ids = np.pad(input_ids, pad, constant_values=self.pad_id)[:, :width]
+            attention_mask = np.pad(attention_mask, pad)[:, :width]
+        input_ids = np.ascontiguousarray(input_ids)
+        attention_mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
+        out = _in_chunks(self._encode_texts, self.max_batch or len(input_ids), input_ids, attention_mask)
         self._count(texts=len(input_ids))
         return np.ascontiguousarray(out, dtype=np.float32)
 
     @abstractmethod
-    def _encode_images(self, pixels: np.ndarray) -> np.ndarray: ...
+    def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
+        """One forward pass: at most `max_batch` rows (and `cpu_image_chunk` on a CPU)."""
 
     @abstractmethod
-    def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray: ...
+    def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """One forward pass: at most `max_batch` rows, padded or trimmed as `trims_padding` says."""
 
     def close(self) -> None:
         """Free what the runtime holds (device buffers, streams) now; the backend is not called after.
@@ -102,3 +114,11 @@ class Backend(ABC):
 
     def describe(self) -> str:
         return f'{self.model_name} on {self.name} ({self.device}, {self.dtype}, dim {self.embed_dim})'
+
+
+def _in_chunks(forward, step: int, *arrays: np.ndarray) -> np.ndarray:
+    """`forward` over row chunks of at most `step` rows, results concatenated in order."""
+    n = len(arrays[0])
+    if n <= step:
+        return forward(*arrays)
+    return np.concatenate([forward(*(a[i : i + step] for a in arrays)) for i in range(0, n, step)])

@@ -81,8 +81,9 @@ class OnnxBackend(Backend):
         self._text_inputs = {i.name: _NP_TYPES.get(i.type, np.int64) for i in self.textual.get_inputs()}
         self._text_length = _static(text_shape[1]) if len(text_shape) > 1 else None
         self._pixel_type = _NP_TYPES.get(self.visual.get_inputs()[0].type, np.float32)
-        self.trims_padding = self._text_length is None
-        self.context_length = metadata.context_length
+        self.trims_padding = self._text_length is None  # a graph with a static length takes exactly that
+        self.context_length = self._text_length or metadata.context_length
+        self.pad_id = metadata.pad_id
         self.embed_dim = metadata.embed_dim or self._probe_dim(metadata.image_size)
         self.preprocess = metadata.preprocess_config()
 
@@ -157,10 +158,6 @@ class OnnxBackend(Backend):
         return self.visual.run(None, {name: pixels.astype(self._pixel_type, copy=False)})[0]
 
     def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        if self._text_length and input_ids.shape[1] != self._text_length:
-            pad = self._text_length - input_ids.shape[1]
-            input_ids = np.pad(input_ids, ((0, 0), (0, pad)))[:, : self._text_length]
-            attention_mask = np.pad(attention_mask, ((0, 0), (0, pad)))[:, : self._text_length]
         feeds = {}
         for name, np_type in self._text_inputs.items():
             feeds[name] = (attention_mask if 'mask' in name else input_ids).astype(np_type, copy=False)
