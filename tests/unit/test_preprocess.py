@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from clipserve.models import preprocess as pp
+from clipserve.models import resample
 from clipserve.models.preprocess import (
     OPENAI_MEAN,
     OPENAI_STD,
@@ -27,6 +28,8 @@ from clipserve.models.preprocess import (
     preprocess_bytes,
     preprocess_image,
 )
+
+from .standalone_imports import third_party_imports
 
 TOLERANCE = 1e-5
 OTHER_MEAN, OTHER_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
@@ -205,7 +208,7 @@ def test_from_open_clip_defaults_and_rejections():
 
 def test_windowed_resize_is_byte_exact_against_pillow():
     """Pillow's resize + crop vs our window-only transcription, across modes, sizes and filters."""
-    rule = pp._calibrated_pass_order()
+    rule = resample.calibrated_pass_order()
     print(f'\n[preprocess] pass-order rule for Pillow {Image.__version__}: {getattr(rule, "__name__", None)}')
     assert rule is not None, 'windowed resize disagrees with this Pillow; the memory guard is off'
     sizes = [
@@ -233,8 +236,8 @@ def test_windowed_resize_is_byte_exact_against_pillow():
                 crop = pp._center_crop_box(*new_size, size)
                 for interpolation in ('bicubic', 'bilinear'):
                     cases += 1
-                    want = np.asarray(image.resize(new_size, pp._RESAMPLE[interpolation]).crop(crop))
-                    got = np.asarray(pp._resize_crop_exact(image, new_size, crop, interpolation, rule))
+                    want = np.asarray(image.resize(new_size, resample.RESAMPLE[interpolation]).crop(crop))
+                    got = np.asarray(resample.resize_crop_exact(image, new_size, crop, interpolation, rule))
                     if not np.array_equal(want, got):
                         mismatches.append((width, height, mode, size, interpolation))
     print(f'[preprocess] windowed resize vs Pillow: {cases} cases, {len(mismatches)} with any byte different')
@@ -249,7 +252,7 @@ def test_memory_guard_never_resizes_the_whole_image(monkeypatch):
         produced.append(tuple(size))
         return real_resize(self, size, *args, **kwargs)
 
-    pp._calibrated_pass_order()  # calibration resizes small probes; keep them out of the record
+    resample.calibrated_pass_order()  # calibration resizes small probes; keep them out of the record
     monkeypatch.setattr(Image.Image, 'resize', spy)
     out = preprocess_image(_rgb(20000, 100, 13), PreprocessConfig())
     assert out.shape == (3, 224, 224)
@@ -415,16 +418,5 @@ def test_importing_preprocess_does_not_import_torch():
 
 
 def test_module_itself_imports_only_stdlib_numpy_pillow():
-    """Load the file alone (no package __init__) and list the top-level modules it pulled in."""
-    code = (
-        'import importlib.util, sys\n'
-        'before = set(sys.modules)\n'
-        f'spec = importlib.util.spec_from_file_location("preprocess_alone", {pp.__file__!r})\n'
-        'module = sys.modules["preprocess_alone"] = importlib.util.module_from_spec(spec)\n'
-        'spec.loader.exec_module(module)\n'
-        "new = {m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)\n"
-        "print(','.join(sorted(new - {'preprocess_alone'})))\n"
-    )
-    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert set(filter(None, result.stdout.strip().split(','))) <= {'numpy', 'PIL'}, result.stdout
+    """Preprocessing (and the resampler it uses) without the package root: NumPy and Pillow only."""
+    assert third_party_imports('clipserve.models.preprocess') <= {'numpy', 'PIL'}
