@@ -43,16 +43,45 @@ def serve(flow_arg: str | None, from_stdin: bool) -> None:
         flow.block()
 
 
-def list_models() -> None:
-    import open_clip
+def list_models(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog='python -m clipserve models',
+        description='Every open_clip model and pretrained tag, with its facts (tokenizer, context, sizes, backends).',
+    )
+    parser.add_argument('--json', action='store_true', help='one JSON list instead of a table')
+    parser.add_argument('--family', help='only this family (e.g. SigLIP, "MetaCLIP 2"), case-insensitive')
+    args = parser.parse_args(argv)
+    import json
 
-    from clipserve.models import registry  # registers the bundled configs
+    from clipserve.models.catalogue import as_dicts, catalogue
     from clipserve.models.names import LEGACY_ALIASES
 
-    for arch in registry.known_architectures():
-        tags = open_clip.list_pretrained_tags_by_model(arch)
-        print(f'{arch}::{{{",".join(tags + ["random"])}}}')
-    print('\nlegacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
+    rows = [r for r in catalogue() if not args.family or r.family.lower() == args.family.lower()]
+    if args.json:
+        print(json.dumps(as_dicts(rows), indent=1))
+        return
+    header = ('name', 'family', 'tokenizer', 'context', 'dim', 'image', 'resize', 'backends')
+    table = [header] + [
+        (
+            r.name,
+            r.family,
+            r.tokenizer,
+            str(r.context_length),
+            str(r.embed_dim),
+            str(r.image_size),
+            r.resize_mode,
+            r.backends,
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print('  '.join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    print(
+        f'\n{len(rows)} models; any architecture also takes ::random (seeded random weights), a checkpoint file '
+        '(arch::/path/weights.safetensors) or a folder (local-dir:/path)'
+    )
+    print('legacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
 
 
 def export(argv: list[str]) -> None:
@@ -114,7 +143,7 @@ def ready(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['models']:
-        return list_models()
+        return list_models(argv[1:])
     if argv[:2] == ['export', 'onnx']:
         return export(argv[2:])
     if argv[:1] == ['ready']:

@@ -18,7 +18,6 @@ import numpy as np
 from clipserve.backends.base import Backend
 from clipserve.batching import ModelThread, Task
 from clipserve.memory import release_free_memory
-from clipserve.models.tokenizer import Tokenizer
 
 ImageLoader = Callable[[], np.ndarray]
 
@@ -54,7 +53,7 @@ class EncodePipeline:
     ):
         self.backend = backend
         self.minibatch_size = minibatch_size
-        self.tokenizer = Tokenizer(context_length=backend.context_length)
+        self.tokenizer = backend.tokenizer
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix='clipserve-preprocess')
         # every forward pass on one thread, which also merges concurrent requests when batch_wait is set
         self.model_thread = ModelThread(

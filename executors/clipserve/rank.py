@@ -34,8 +34,9 @@ def rank_documents(
     if found:
         raise InvalidDocumentError(found)
     encoder.encode(DocumentArray(everyone), options.drop_image_content, reused)
+    sigmoid = encoder.backend.sigmoid_logits  # (scale, bias) of SigLIP models, else None
     for query in docs:
-        score_and_sort(query)
+        score_and_sort(query, sigmoid)
 
 
 def members(queries: DocumentArray) -> list[tuple[Document, str]]:
@@ -60,15 +61,22 @@ def problems(queries: DocumentArray, reused: set[int], embed_dim: int, allow_emp
     return found
 
 
-def score_and_sort(query: Document) -> None:
-    """Write clip_score and clip_score_cosine onto the query's matches and sort them; embeddings dropped."""
+def score_and_sort(query: Document, sigmoid_logits: tuple[float, float] | None = None) -> None:
+    """Write clip_score and clip_score_cosine onto the query's matches and sort them; embeddings dropped.
+
+    With `sigmoid_logits` (a SigLIP model's learned scale and bias) each match also gets `siglip_score`,
+    the model's own probability that the pair matches; the order stays clip_score's.
+    """
     if not len(query.matches):
         return
     matches = list(query.matches)
     candidates = np.stack([np.asarray(m.embedding, dtype=np.float32).reshape(-1) for m in matches])
     probabilities, cosines = ranking.clip_scores(np.asarray(query.embedding).reshape(-1), candidates)
-    for match, p, c in zip(matches, probabilities, cosines):
+    sigmoids = ranking.sigmoid_scores(cosines, *sigmoid_logits) if sigmoid_logits else [None] * len(matches)
+    for match, p, c, s in zip(matches, probabilities, cosines, sigmoids):
         match.scores['clip_score'] = NamedScore(value=float(p), op_name='softmax')
         match.scores['clip_score_cosine'] = NamedScore(value=float(c), op_name='cosine')
+        if s is not None:
+            match.scores['siglip_score'] = NamedScore(value=float(s), op_name='sigmoid')
         match.embedding = None
     query.matches = DocumentArray([matches[i] for i in ranking.descending_order(probabilities)])

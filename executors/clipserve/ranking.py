@@ -40,6 +40,13 @@ def clip_scores(query: np.ndarray, candidates: np.ndarray, logit_scale: float = 
     return softmax(logit_scale * cos), cos
 
 
+def sigmoid_scores(cosines: np.ndarray, logit_scale: float, logit_bias: float) -> np.ndarray:
+    """SigLIP's own probability that each pair matches: sigmoid(scale x cosine + bias), with the model's
+    learned scale (already exponentiated) and bias; independent per pair, unlike the softmax."""
+    logits = float(logit_scale) * np.asarray(cosines, dtype=np.float64) + float(logit_bias)
+    return 1.0 / (1.0 + np.exp(-logits))
+
+
 def descending_order(scores: np.ndarray) -> np.ndarray:
     """Indices that sort `scores` from high to low, ties kept in input order."""
     return np.argsort(-np.asarray(scores, dtype=np.float64), kind='stable')

@@ -55,3 +55,12 @@ def test_empty_and_mismatched_inputs_raise():
 def test_single_match_gets_probability_one():
     p, _ = ranking.clip_scores(np.ones(3), np.ones((1, 3)))
     assert p.tolist() == [1.0]
+
+
+def test_sigmoid_scores_are_siglips_probability_per_pair():
+    from clipserve.ranking import sigmoid_scores
+
+    cosines = np.array([0.5, 0.0, -0.2])
+    got = sigmoid_scores(cosines, logit_scale=10.0, logit_bias=-3.0)
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-(10.0 * cosines - 3.0))))
+    assert got[0] > 0.8 and got[1] < 0.05  # independent per pair: they need not sum to 1

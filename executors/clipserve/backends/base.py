@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 
 from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.tokenizer import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class Backend(ABC):
     #: its longest text), False when it takes exactly `context_length` tokens (padded with `pad_id`).
     trims_padding: bool = False
     pad_id: int = 0
+    #: texts -> TokenBatch, as open_clip tokenizes for this model (models/tokenizer_factory.py)
+    tokenizer: Callable[[Sequence[str]], TokenBatch]
+    #: (learned logit scale, exponentiated; logit bias) of models trained with a sigmoid loss (SigLIP), else None
+    sigmoid_logits: tuple[float, float] | None = None
     #: The most rows one forward pass takes (an engine's profile); None: any. Chunking happens here, once.
     max_batch: int | None = None
     #: On a CPU, image batches of 8 run as many images per second as batches of 32 (benchmarks/

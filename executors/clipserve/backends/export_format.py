@@ -24,7 +24,8 @@ from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
 from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import OPENAI_MEAN, OPENAI_STD, PreprocessConfig
-from clipserve.models.tokenizer import DEFAULT_CONTEXT_LENGTH
+from clipserve.models.text_spec import BPE_TOKENIZER, DEFAULT_CONTEXT_LENGTH, TextSpec
+from clipserve.models.tokenizer_factory import make_tokenizer
 
 METADATA_FILE = 'clipserve.json'
 VISUAL_FILE = 'visual.onnx'
@@ -32,7 +33,6 @@ TEXTUAL_FILE = 'textual.onnx'
 GRAPH_FILES = (VISUAL_FILE, TEXTUAL_FILE)
 EXPORT_FORMAT = 2  # bump when the exporter's output changes, so cached exports are redone (2: external data)
 DEFAULT_OPSET = 18  # the torch.export-based exporter needs 18 or newer
-BPE_TOKENIZER = 'openai-clip-bpe'
 # clip-as-service's image sizes for models whose graphs have no static input size
 _CAS_IMAGE_SIZES = {'RN50x4': 288, 'RN50x16': 384, 'RN50x64': 448, 'ViT-B-16-plus-240': 240, 'ViT-L-14-336': 336}
 
@@ -50,10 +50,13 @@ class ExportMetadata:
     interpolation: str = 'bicubic'
     resize_mode: str = 'shortest'
     embed_dim: int | None = None  # None: the backend probes the graph
-    tokenizer: str = BPE_TOKENIZER
+    tokenizer: str = BPE_TOKENIZER  # text_spec.TOKENIZER_KINDS; Hugging Face tokenizer files lie beside the graphs
     context_length: int = DEFAULT_CONTEXT_LENGTH
     pad_id: int = 0
     dynamic_sequence: bool = False  # the text graph takes any length up to context_length (padding trimmed)
+    clean: str = 'lower'  # open_clip's text cleaning for this model (text_spec.CLEAN_MODES)
+    sigmoid_logits: list | None = None  # SigLIP models: [exp(logit_scale), logit_bias], for /rank's siglip_score
+    strip_sep_token: bool = False
     opset: int | None = None
     exporter: str | None = None
     weights_sha256: str | None = None
@@ -73,6 +76,15 @@ class ExportMetadata:
         data['mean'], data['std'] = list(self.mean), list(self.std)
         return data
 
+    def text_spec(self) -> TextSpec:
+        return TextSpec(
+            tokenizer=self.tokenizer,
+            context_length=int(self.context_length),
+            clean=self.clean,
+            strip_sep_token=bool(self.strip_sep_token),
+            causal=bool(self.dynamic_sequence),
+        )
+
     def preprocess_config(self) -> PreprocessConfig:
         return PreprocessConfig(
             image_size=int(self.image_size),
@@ -81,6 +93,14 @@ class ExportMetadata:
             interpolation=self.interpolation,
             resize_mode=self.resize_mode,
         )
+
+
+def export_tokenizer(folder: Path, metadata: ExportMetadata):
+    """The tokenizer of an export: open_clip's BPE, or the Hugging Face tokenizer files beside the graphs."""
+    try:
+        return make_tokenizer(metadata.text_spec(), folder)
+    except ValueError as e:
+        raise WeightsUnavailableError(f'the export in {str(folder)!r} cannot be tokenized: {e}; re-export it') from e
 
 
 def has_metadata(folder: Path) -> bool:
@@ -126,7 +146,11 @@ def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
     """Where the export of `name` is cached: keyed by model, export settings and, for files, their identity."""
     parsed = parse_model_name(name)
     key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
-    for path in (parsed.checkpoint_path, parsed.config_path):
+    files = [parsed.checkpoint_path, parsed.config_path]
+    if parsed.local_dir and os.path.isdir(os.path.expanduser(parsed.local_dir)):
+        folder = os.path.expanduser(parsed.local_dir)
+        files += sorted(os.path.join(folder, f) for f in os.listdir(folder))
+    for path in files:
         if path and os.path.isfile(path):
             stat = os.stat(path)
             key += f'|{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}'

@@ -24,6 +24,7 @@ from clipserve.backends.export_format import (
     ExportMetadata,
     cached_export,
     clip_as_service_metadata,
+    export_tokenizer,
     has_metadata,
     missing_files,
     read_metadata,
@@ -84,6 +85,8 @@ class OnnxBackend(Backend):
         self.trims_padding = self._text_length is None  # a graph with a static length takes exactly that
         self.context_length = self._text_length or metadata.context_length
         self.pad_id = metadata.pad_id
+        self.tokenizer = export_tokenizer(folder, metadata)
+        self.sigmoid_logits = tuple(metadata.sigmoid_logits) if metadata.sigmoid_logits else None
         self.embed_dim = metadata.embed_dim or self._probe_dim(metadata.image_size)
         self.preprocess = metadata.preprocess_config()
 

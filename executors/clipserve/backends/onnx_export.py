@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 from importlib import metadata as package_metadata
@@ -24,7 +25,6 @@ import numpy as np
 import torch
 
 from clipserve.backends.export_format import (
-    BPE_TOKENIZER,
     DEFAULT_OPSET,
     EXPORT_FORMAT,
     TEXTUAL_FILE,
@@ -33,10 +33,12 @@ from clipserve.backends.export_format import (
     has_metadata,
     write_metadata,
 )
-from clipserve.models.loading import build_model
+from clipserve.models.hf_tokenizer import TOKENIZER_FILES
+from clipserve.models.loading import build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
-from clipserve.models.towers import ImageTower, TextTower
+from clipserve.models.tokenizer_factory import make_tokenizer
+from clipserve.models.towers import ImageTower, TextTower, sigmoid_logits
 
 TOLERANCE = 1e-4
 _TWO_GB = 2 * 1024**3
@@ -114,10 +116,9 @@ def export_onnx(
     image, text = ImageTower(model).eval(), TextTower(model).eval()
     size, context = resolved.preprocess.image_size, resolved.context_length
     pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
-    ids = torch.zeros(2, context, dtype=torch.int64)
-    ids[:, 0], ids[:, 5] = 49406, 49407
-    ids[:, 1:5] = torch.randint(1, 49000, (2, 4), generator=torch.Generator().manual_seed(0))
-    mask = (torch.arange(context) <= 5).long().expand(2, -1).contiguous()
+    tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
+    tokens = tokenizer(['a photo of a cat', 'two dogs playing in the snow'])
+    ids, mask = torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused attention kernel has no ONNX form
     seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
@@ -154,19 +155,33 @@ def export_onnx(
         std=tuple(cfg.std),
         interpolation=cfg.interpolation,
         resize_mode=cfg.resize_mode,
-        tokenizer=BPE_TOKENIZER,
+        tokenizer=resolved.text.tokenizer,
         context_length=context,
+        pad_id=int(getattr(tokenizer, 'pad_id', 0)),
         dynamic_sequence=text.trimmed,
+        clean=resolved.text.clean,
+        strip_sep_token=resolved.text.strip_sep_token,
+        sigmoid_logits=list(sigmoid_logits(model)) if sigmoid_logits(model) else None,
         opset=opset,
         exporter=f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         weights_sha256=weights_hash(model),
-        max_abs_diff=verify_export(out, image, text) if verify else {},
+        max_abs_diff=verify_export(out, image, text, tokenizer) if verify else {},
     )
+    _copy_tokenizer_files(tokenizer_folder(resolved), out)
     write_metadata(out, metadata)
     return metadata
 
 
-def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module) -> dict:
+def _copy_tokenizer_files(source: Path | None, out: Path) -> None:
+    """The model's Hugging Face tokenizer files beside the graphs, so the ONNX replica tokenizes torch-free."""
+    if source is None:
+        return
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+
+
+def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module, tokenizer) -> dict:
     """Run both graphs in ONNX Runtime and PyTorch on fresh inputs; raise above TOLERANCE."""
     import onnxruntime as ort
 
@@ -174,11 +189,11 @@ def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module) -> d
     size = image.model.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
     pixels = rng.normal(size=(3, 3, size, size)).astype(np.float32)  # another batch size than exported
-    length = 9 if text.trimmed else text.model.positional_embedding.shape[0]
-    ids = np.zeros((3, length), dtype=np.int64)
-    ids[:, 0], ids[:, 8] = 49406, 49407
-    ids[:, 1:8] = rng.integers(1, 49000, (3, 7))
-    mask = (np.arange(length) <= 8).astype(np.int64)[None].repeat(3, 0)
+    tokens = tokenizer(['a diagram', 'three red apples on a wooden table, seen from above', 'x'])
+    ids, mask = tokens.input_ids, tokens.attention_mask
+    if text.trimmed:  # another sequence length than exported
+        longest = int(mask.sum(axis=1).max())
+        ids, mask = ids[:, :longest], mask[:, :longest]
     diffs = {}
     options = ort.SessionOptions()
     for tower, inputs, module in (

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from clipserve.backends.base import Backend, BackendOptions
-from clipserve.backends.export_format import read_metadata
+from clipserve.backends.export_format import export_tokenizer, read_metadata
 from clipserve.backends.tensorrt_cache import (
     EngineKey,
     engine_path,
@@ -82,6 +82,8 @@ class TensorRTBackend(Backend):
         self.model_name = metadata.model
         self.context_length = int(metadata.context_length)
         self.pad_id = int(metadata.pad_id)
+        self.tokenizer = export_tokenizer(folder, metadata)
+        self.sigmoid_logits = tuple(metadata.sigmoid_logits) if metadata.sigmoid_logits else None
         self.preprocess = metadata.preprocess_config()
         dynamic = bool(metadata.dynamic_sequence)
         check_cuda(cudart, cudart.cudaSetDevice(index), 'cudaSetDevice')

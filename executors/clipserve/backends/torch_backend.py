@@ -9,10 +9,11 @@ from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
 from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError
-from clipserve.models.loading import build_model
+from clipserve.models.loading import build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
-from clipserve.models.towers import TextTower
+from clipserve.models.tokenizer_factory import make_tokenizer
+from clipserve.models.towers import TextTower, sigmoid_logits
 
 TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 
@@ -46,9 +47,14 @@ class TorchBackend(Backend):
         self.embed_dim = resolved.embed_dim
         self.context_length = resolved.context_length
         self.preprocess = resolved.preprocess
+        self.text_spec = resolved.text
+        self.tokenizer_folder = tokenizer_folder(resolved)  # before the weights: a missing tokenizer fails fast
+        self.tokenizer = make_tokenizer(resolved.text, self.tokenizer_folder)
+        self.pad_id = int(getattr(self.tokenizer, 'pad_id', 0))
         self.model = build_model(resolved, device=self.device, precision=self.dtype)
         self._torch_dtype = TORCH_DTYPES[self.dtype]
         self.text_tower = TextTower(self.model)
+        self.sigmoid_logits = sigmoid_logits(self.model)
         self.trims_padding = self.text_tower.trimmed and trim_padding
 
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:

@@ -21,9 +21,19 @@ from open_clip.factory import _set_model_device_and_precision as set_device_and_
 
 from clipserve.errors import WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
+from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.registry import ResolvedModel
 
 RANDOM_SEED = 0
+# the weights file of a local-dir folder, in open_clip's order of preference
+LOCAL_DIR_WEIGHTS = (
+    'open_clip_model.safetensors',
+    'open_clip_pytorch_model.safetensors',
+    'open_clip_pytorch_model.bin',
+    'open_clip_pytorch_model.pth',
+    'model.safetensors',
+    'pytorch_model.bin',
+)
 PRECISIONS = {'fp32': 'fp32', 'fp16': 'fp16', 'bf16': 'bf16'}
 
 logger = logging.getLogger(__name__)
@@ -101,7 +111,19 @@ def download_weights(resolved: ResolvedModel) -> str:
     return path
 
 
+def _local_dir_weights(folder: Path) -> str:
+    for name in LOCAL_DIR_WEIGHTS:
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise WeightsUnavailableError(
+        f"model folder {str(folder)!r} has no weights file: copy the model's weights there as one of "
+        f'{", ".join(LOCAL_DIR_WEIGHTS)}'
+    )
+
+
 def _checkpoint_path(resolved: ResolvedModel) -> str | None:
+    if resolved.local_dir is not None:
+        return _local_dir_weights(resolved.local_dir)
     if resolved.name.is_random:
         return None
     path = resolved.name.checkpoint_path
@@ -206,3 +228,52 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
         parameter.requires_grad_(False)
     logger.info('loaded %s (%s) on %s in %s', resolved.name, checkpoint or 'random init', device, precision)
     return model
+
+
+def _tokenizer_unavailable(resolved: ResolvedModel, repo: str, target: Path, why: str) -> WeightsUnavailableError:
+    return WeightsUnavailableError(
+        f'cannot get the tokenizer files of {resolved.name} ({repo}): {why}. They download on first use into '
+        f'the cache {str(target)!r} (set ${CACHE_ENV} to move it), which needs network access. Offline, copy a cache '
+        f'that has them, or serve a local folder "local-dir:/path" holding open_clip_config.json, the weights and '
+        f'the tokenizer files ({", ".join(TOKENIZER_FILES[:3])}) of {repo}'
+    )
+
+
+def tokenizer_folder(resolved: ResolvedModel) -> Path | None:
+    """The folder holding the model's Hugging Face tokenizer files (None for open_clip's BPE models):
+    the local-dir folder, a checkpoint's own folder when it has them, else the cache (downloading once)."""
+    if not resolved.text.needs_tokenizer_files:
+        return None
+    local = [resolved.local_dir]
+    if resolved.name.checkpoint_path:
+        local.append(Path(resolved.name.checkpoint_path).expanduser().parent)
+    for folder in local:
+        if folder is not None and (folder / TOKENIZER_FILE).is_file():
+            return folder
+    if resolved.local_dir is not None:
+        raise WeightsUnavailableError(
+            f'model folder {str(resolved.local_dir)!r} has no {TOKENIZER_FILE}: copy the tokenizer files of '
+            f'{resolved.text.hf_tokenizer_name or "the model"} ({", ".join(TOKENIZER_FILES[:3])}) there'
+        )
+    repo = resolved.text.hf_tokenizer_name
+    target = cache_dir()
+    from huggingface_hub import snapshot_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id=repo, filename=TOKENIZER_FILE, cache_dir=str(target))
+    if isinstance(cached, str) and os.path.isfile(cached):
+        return Path(cached).parent
+    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
+        raise _tokenizer_unavailable(resolved, repo, target, 'HF_HUB_OFFLINE is set and the cache has no copy')
+    from huggingface_hub import constants
+
+    if not _reachable(constants.ENDPOINT):
+        raise _tokenizer_unavailable(
+            resolved, repo, target, f'{urllib.parse.urlsplit(constants.ENDPOINT).hostname} is unreachable'
+        )
+    try:
+        folder = Path(snapshot_download(repo_id=repo, allow_patterns=list(TOKENIZER_FILES), cache_dir=str(target)))
+    except Exception as e:  # network, hub and file-system errors all end here
+        raise _tokenizer_unavailable(resolved, repo, target, f'{type(e).__name__}: {e}') from e
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise _tokenizer_unavailable(resolved, repo, target, f'the repository has no {TOKENIZER_FILE}')
+    return folder

@@ -1,4 +1,5 @@
-"""Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files and `::random`.
+"""Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files, `local-dir:/folder`
+and `::random`.
 
 Parsing is pure string work so it can run (and fail with a helpful message) before anything heavy
 is imported. Resolving an architecture against open_clip's registry happens in `models.loading`.
@@ -13,6 +14,8 @@ DEFAULT_MODEL = 'ViT-B-32::openai'
 RANDOM_TAG = 'random'
 CHECKPOINT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth')
 CONFIG_SUFFIX = '.json'
+LOCAL_DIR_PREFIX = 'local-dir:'  # open_clip's schema for a model folder
+LOCAL_DIR_TAG = 'local-dir'
 
 # clip-as-service (and OpenAI's `clip` package) accepted these names; they all mean OpenAI weights.
 LEGACY_ALIASES = {
@@ -51,12 +54,18 @@ class ModelName:
         return None
 
     @property
+    def local_dir(self) -> str | None:
+        """The folder of a `local-dir:/path` name (open_clip's layout: open_clip_config.json, weights,
+        tokenizer files)."""
+        return self.arch[len(LOCAL_DIR_PREFIX) :] if self.arch.startswith(LOCAL_DIR_PREFIX) else None
+
+    @property
     def config_path(self) -> str | None:
         """The custom architecture config file, when `arch` names one."""
         return self.arch if self.arch.endswith(CONFIG_SUFFIX) else None
 
     def __str__(self) -> str:
-        return f'{self.arch}::{self.pretrained}'
+        return self.arch if self.local_dir is not None else f'{self.arch}::{self.pretrained}'
 
 
 def parse_model_name(name: str | ModelName | None) -> ModelName:
@@ -70,6 +79,10 @@ def parse_model_name(name: str | ModelName | None) -> ModelName:
     if name is None or not str(name).strip():
         name = DEFAULT_MODEL
     name = str(name).strip()
+    if name.startswith(LOCAL_DIR_PREFIX):
+        if not name[len(LOCAL_DIR_PREFIX) :].strip():
+            raise ValueError(f'model name {name!r} names no folder after "{LOCAL_DIR_PREFIX}"')
+        return ModelName(arch=name, pretrained=LOCAL_DIR_TAG)
     name = LEGACY_ALIASES.get(name, name)
     arch, sep, pretrained = name.partition('::')
     arch = LEGACY_ALIASES.get(arch, arch).split('::')[0]

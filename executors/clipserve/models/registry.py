@@ -6,15 +6,22 @@ Everything here needs open_clip (and so torch); serving paths without torch neve
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import open_clip
 
-from clipserve.errors import UnknownModelError
+from clipserve.errors import UnknownModelError, WeightsUnavailableError
+from clipserve.models.cache import cache_dir
 from clipserve.models.names import ModelName
 from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.text_spec import TextSpec
+
+LOCAL_CONFIG_FILE = 'open_clip_config.json'  # open_clip's local-dir / hf-hub layout
 
 BUNDLED_CONFIGS = Path(__file__).parent / 'configs'
 open_clip.add_model_config(BUNDLED_CONFIGS)
@@ -30,6 +37,8 @@ class ResolvedModel:
     pretrained_cfg: dict  # open_clip's entry for the tag ({} for files and random)
     quick_gelu: bool  # the activation the weights were trained with
     preprocess: PreprocessConfig
+    text: TextSpec
+    local_dir: Path | None = None  # a `local-dir:` folder: weights and tokenizer files live there
 
     @property
     def embed_dim(self) -> int:
@@ -37,7 +46,7 @@ class ResolvedModel:
 
     @property
     def context_length(self) -> int:
-        return int(self.model_cfg.get('text_cfg', {}).get('context_length', 77))
+        return self.text.context_length
 
 
 def known_architectures() -> list[str]:
@@ -59,6 +68,45 @@ def _register_config_file(path: str) -> str:
         )
     open_clip.add_model_config(config)
     return config.stem
+
+
+def _read_local_dir(name: ModelName) -> tuple[Path, dict]:
+    folder = Path(name.local_dir).expanduser()
+    config = folder / LOCAL_CONFIG_FILE
+    if not folder.is_dir():
+        raise WeightsUnavailableError(f'model folder {str(folder)!r} (from {str(name)!r}) does not exist')
+    if not config.is_file():
+        raise WeightsUnavailableError(
+            f"model folder {str(folder)!r} has no {LOCAL_CONFIG_FILE}: a local-dir folder holds open_clip's "
+            f'{LOCAL_CONFIG_FILE} ({{"model_cfg": ..., "preprocess_cfg": ...}}), the weights '
+            '(open_clip_model.safetensors or open_clip_pytorch_model.bin) and, for Hugging Face tokenizers, '
+            'tokenizer.json with its tokenizer_config.json'
+        )
+    try:
+        content = json.loads(config.read_text(encoding='utf-8'))
+        model_cfg = content['model_cfg']
+        if not all(key in model_cfg for key in ('embed_dim', 'vision_cfg', 'text_cfg')):
+            raise KeyError('model_cfg needs embed_dim, vision_cfg and text_cfg')
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UnknownModelError(f'{str(config)!r} is not an open_clip config: {type(e).__name__}: {e}') from e
+    return folder, content
+
+
+def _register_local_config(model_cfg: dict) -> str:
+    """Register a local-dir folder's model config with open_clip under a name derived from its content
+    (open_clip registers configs from files, so the file is written once into the cache)."""
+    text = json.dumps(model_cfg, sort_keys=True)
+    arch = 'local-' + hashlib.sha256(text.encode()).hexdigest()[:16]
+    if open_clip.get_model_config(arch) is None:
+        folder = cache_dir() / 'model-configs'
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f'{arch}.json'
+        if not path.is_file():
+            with tempfile.NamedTemporaryFile('w', dir=folder, suffix='.tmp', delete=False) as f:
+                f.write(text)
+            os.replace(f.name, path)
+        open_clip.add_model_config(path)
+    return arch
 
 
 def _resolve_arch(name: ModelName) -> str:
@@ -93,12 +141,20 @@ def _resolve_tag(arch: str, name: ModelName) -> dict:
 
 def resolve(name: ModelName) -> ResolvedModel:
     """Check that `name` can be built and gather its config, without loading any weights."""
-    arch = _resolve_arch(name)
-    model_cfg = open_clip.get_model_config(arch)
-    if name.is_random or name.checkpoint_path:
-        pretrained_cfg = {}
+    local_dir = None
+    if name.local_dir is not None:
+        local_dir, content = _read_local_dir(name)
+        arch = _register_local_config(content['model_cfg'])
+        pretrained_cfg = dict(content.get('preprocess_cfg') or {})
     else:
-        pretrained_cfg = _resolve_tag(arch, name)
+        arch = _resolve_arch(name)
+    model_cfg = open_clip.get_model_config(arch)
+    try:
+        text = TextSpec.from_open_clip(model_cfg)
+    except ValueError as e:
+        raise UnknownModelError(f'{str(name)!r} cannot be served: its text side is not supported ({e})') from e
+    if local_dir is None:
+        pretrained_cfg = {} if (name.is_random or name.checkpoint_path) else _resolve_tag(arch, name)
     quick_gelu = bool(model_cfg.get('quick_gelu', False) or pretrained_cfg.get('quick_gelu', False))
     image_size = model_cfg['vision_cfg'].get('image_size', 224)
     preprocess = PreprocessConfig.from_open_clip({**pretrained_cfg, 'size': image_size})
@@ -109,4 +165,6 @@ def resolve(name: ModelName) -> ResolvedModel:
         pretrained_cfg=pretrained_cfg,
         quick_gelu=quick_gelu,
         preprocess=preprocess,
+        text=text,
+        local_dir=local_dir,
     )

@@ -23,8 +23,8 @@ import numpy as np
 import regex
 
 from clipserve.models.text_cleaning import CleanStream, clean_text
+from clipserve.models.text_spec import DEFAULT_CONTEXT_LENGTH
 
-DEFAULT_CONTEXT_LENGTH = 77
 VOCAB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bpe_simple_vocab_16e6.txt.gz')
 
 _NUM_MERGES = 49152 - 256 - 2  # the slice of the merges file CLIP was trained with

@@ -61,3 +61,11 @@ class TextTower(torch.nn.Module):
         if m.text_projection is not None:
             x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
         return x
+
+
+def sigmoid_logits(model: torch.nn.Module) -> tuple[float, float] | None:
+    """A SigLIP model's (exp(logit_scale), logit_bias), as open_clip's get_logits applies them; None without a bias."""
+    bias = getattr(model, 'logit_bias', None)
+    if bias is None:
+        return None
+    return float(model.logit_scale.detach().float().exp()), float(bias.detach().float())

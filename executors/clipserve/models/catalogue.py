@@ -1,0 +1,101 @@
+"""Every model open_clip knows, with the facts an operator picks by: family, tokenizer, context length,
+embedding size, image size and resize mode, and which backends serve it (`python -m clipserve models`).
+
+Read from open_clip's configs and pretrained registry without building any model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import open_clip
+
+from clipserve.models import registry
+from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
+
+BACKENDS = ('torch', 'onnx', 'tensorrt')
+
+# (substring of the architecture, lower case, family), first match wins
+_ARCH_FAMILIES = (
+    ('siglip2', 'SigLIP2'),
+    ('siglip', 'SigLIP'),
+    ('nllb', 'NLLB-CLIP'),
+    ('worldwide', 'MetaCLIP 2'),
+    ('xlm-roberta', 'XLM-R CLIP'),
+    ('mt5', 'mT5 CLIP'),
+    ('roberta', 'RoBERTa CLIP'),
+    ('clipa', 'CLIPA'),
+    ('pe-core', 'PE-Core'),
+    ('mobileclip2', 'MobileCLIP2'),
+    ('mobileclip', 'MobileCLIP'),
+    ('coca', 'CoCa'),
+    ('eva', 'EVA-CLIP'),
+    ('vitamin', 'ViTamin'),
+    ('convnext', 'ConvNeXt CLIP'),
+    ('rn', 'ResNet CLIP'),
+)
+# (prefix of the pretrained tag, family) for ViT models whose family is their training data
+_TAG_FAMILIES = (('dfn', 'DFN'), ('metaclip', 'MetaCLIP'), ('datacomp', 'DataComp'), ('commonpool', 'DataComp'))
+
+
+def family(arch: str, tag: str) -> str:
+    lower = arch.lower()
+    for key, name in _ARCH_FAMILIES:
+        if key in lower if key != 'rn' else lower.startswith('rn'):
+            return name
+    for prefix, name in _TAG_FAMILIES:
+        if tag.lower().startswith(prefix):
+            return name
+    return 'CLIP'
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    family: str
+    tokenizer: str
+    context_length: int
+    embed_dim: int
+    image_size: int
+    resize_mode: str
+    backends: str  # comma separated, or 'none: <why>'
+
+
+def facts(arch: str, tag: str) -> ModelFacts:
+    cfg = open_clip.get_model_config(arch)
+    pretrained = open_clip.get_pretrained_cfg(arch, tag) if tag != 'random' else {}
+    size = cfg['vision_cfg'].get('image_size', 224)
+    preprocess = PreprocessConfig.from_open_clip({**pretrained, 'size': size})
+    try:
+        text = TextSpec.from_open_clip(cfg)
+        tokenizer = 'open_clip BPE' if text.tokenizer == BPE_TOKENIZER else text.hf_tokenizer_name
+        backends = ', '.join(BACKENDS)
+        context = text.context_length
+    except ValueError as e:
+        tokenizer, backends, context = '?', f'none: {e}', 0
+    return ModelFacts(
+        name=f'{arch}::{tag}',
+        family=family(arch, tag),
+        tokenizer=tokenizer,
+        context_length=context,
+        embed_dim=int(cfg['embed_dim']),
+        image_size=preprocess.image_size,
+        resize_mode=preprocess.resize_mode,
+        backends=backends,
+    )
+
+
+def catalogue(include_random: bool = False) -> list[ModelFacts]:
+    """One row per architecture and pretrained tag (and `::random` per architecture when asked)."""
+    rows = []
+    for arch in registry.known_architectures():
+        tags = list(open_clip.list_pretrained_tags_by_model(arch))
+        if include_random or not tags:
+            tags.append('random')
+        rows += [facts(arch, tag) for tag in tags]
+    return rows
+
+
+def as_dicts(rows: list[ModelFacts]) -> list[dict]:
+    return [asdict(r) for r in rows]

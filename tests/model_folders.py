@@ -1,0 +1,137 @@
+"""Model folders the tests build themselves (no network): open_clip's local-dir layout with a shrunk
+config of a real family, seeded random weights and a tokenizer trained here with `tokenizers`.
+
+    folder/open_clip_config.json        {"model_cfg": ..., "preprocess_cfg": ...}
+    folder/open_clip_model.safetensors  the weights
+    folder/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = [
+    'a photo of a cat',
+    'two dogs playing in the snow',
+    'a diagram of a transformer network',
+    'café crème brûlée à la carte, naïve façade',
+    'Ärger über Öl und Übermut',
+    '東京の夜景 北京烤鸭 서울의 밤',
+    'emoji 🐶 🐱 🎉 and symbols © ™ €',
+    'the quick brown fox jumps over the lazy dog',
+    'an underscore_joined_phrase and hyphen-joined words',
+    'red green blue yellow purple orange black white',
+    'a very long caption describing a crowded street at night with neon signs and wet pavement',
+] * 20
+
+SIGLIP_PREPROCESS = {
+    'mean': [0.5, 0.5, 0.5],
+    'std': [0.5, 0.5, 0.5],
+    'interpolation': 'bicubic',
+    'resize_mode': 'squash',
+}
+
+
+def unigram_tokenizer(folder: Path, vocab_size: int = 400) -> int:
+    """A T5/SigLIP-style SentencePiece Unigram tokenizer (pad = </s>, as SigLIP's); returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace('  ', ' ')])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=['<pad>', '</s>', '<unk>'], unk_token='<unk>'
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    eos = tokenizer.token_to_id('</s>')
+    tokenizer.post_processor = processors.TemplateProcessing(single='$A </s>', special_tokens=[('</s>', eos)])
+    tokenizer.save(str(folder / 'tokenizer.json'))
+    config = {'pad_token': '</s>', 'eos_token': '</s>', 'unk_token': '<unk>'}
+    _write_config(folder, config)
+    return tokenizer.get_vocab_size()
+
+
+def wordpiece_tokenizer(folder: Path, vocab_size: int = 400) -> int:
+    """A BERT-style WordPiece tokenizer ([CLS] ... [SEP], pad [PAD] = 0, lower case), as CLIPA's."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+    tokenizer = Tokenizer(models.WordPiece(unk_token='[UNK]'))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    cls, sep = tokenizer.token_to_id('[CLS]'), tokenizer.token_to_id('[SEP]')
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single='[CLS] $A [SEP]', special_tokens=[('[CLS]', cls), ('[SEP]', sep)]
+    )
+    tokenizer.save(str(folder / 'tokenizer.json'))
+    config = {'pad_token': '[PAD]', 'cls_token': '[CLS]', 'sep_token': '[SEP]', 'unk_token': '[UNK]'}
+    _write_config(folder, config)
+    return tokenizer.get_vocab_size()
+
+
+def _write_config(folder: Path, special: dict) -> None:
+    (folder / 'special_tokens_map.json').write_text(json.dumps(special))
+    config = {'tokenizer_class': 'PreTrainedTokenizerFast', 'model_max_length': 512, **special}
+    (folder / 'tokenizer_config.json').write_text(json.dumps(config))
+
+
+def siglip_config(vocab_size: int, tokenizer_kwargs: dict | None = None, context_length: int = 16) -> dict:
+    """ViT-B-16-SigLIP's config, shrunk: the same timm MAP-pooled ViT (its tiny size) and the same
+    text tower kind (no causal mask, last-token pooling, projection with bias)."""
+    return {
+        'embed_dim': 192,  # vit_tiny's width: SigLIP's image tower has no projection (timm_proj none)
+        'init_logit_bias': -10,
+        'custom_text': True,
+        'vision_cfg': {
+            'image_size': 224,
+            'timm_model_name': 'vit_tiny_patch16_224',
+            'timm_model_pretrained': False,
+            'timm_pool': 'map',
+            'timm_proj': 'none',
+        },
+        'text_cfg': {
+            'context_length': context_length,
+            'vocab_size': vocab_size,
+            'hf_tokenizer_name': 'clipserve-tests/tiny-siglip',
+            'tokenizer_kwargs': tokenizer_kwargs if tokenizer_kwargs is not None else {'clean': 'canonicalize'},
+            'width': 64,
+            'heads': 2,
+            'layers': 2,
+            'no_causal_mask': True,
+            'proj_bias': True,
+            'pool_type': 'last',
+            'norm_kwargs': {'eps': 1e-6},
+        },
+    }
+
+
+def local_dir(folder: Path, model_cfg: dict, preprocess_cfg: dict, seed: int = 0) -> Path:
+    """Write open_clip_config.json and seeded random weights for `model_cfg` into `folder`."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'open_clip_config.json').write_text(
+        json.dumps({'model_cfg': model_cfg, 'preprocess_cfg': preprocess_cfg})
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = open_clip.create_model(f'local-dir:{folder}', pretrained=None)
+        with torch.no_grad():  # the init leaves some tensors at zero or one; spread them so that parity means something
+            for name, tensor in model.state_dict().items():
+                if tensor.is_floating_point() and 'attn_mask' not in name:
+                    tensor.add_(torch.randn_like(tensor) * 0.02)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / 'open_clip_model.safetensors'))
+    return folder
+
+
+def siglip_dir(folder: Path, tokenizer: str = 'unigram', tokenizer_kwargs: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = (unigram_tokenizer if tokenizer == 'unigram' else wordpiece_tokenizer)(folder)
+    return local_dir(folder, siglip_config(vocab, tokenizer_kwargs), SIGLIP_PREPROCESS)

@@ -1,0 +1,182 @@
+"""Models whose text side is a Hugging Face tokenizer (SigLIP here): clipserve's torch-free tokenizer and
+its backends against open_clip's own tokenizer (through transformers), model and preprocessing, on a
+local-dir folder the tests build (shrunk config, random weights, a tokenizer trained here)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from clipserve.backends import BackendOptions, create_backend
+from clipserve.errors import UnknownModelError, WeightsUnavailableError
+from clipserve.models.names import parse_model_name
+from clipserve.models.preprocess import preprocess_image
+from clipserve.models.registry import resolve
+from clipserve.models.tokenizer_factory import make_tokenizer
+
+from ..model_folders import siglip_dir
+
+open_clip = pytest.importorskip('open_clip')
+pytest.importorskip('transformers')  # open_clip's HFTokenizer, the reference
+torch = pytest.importorskip('torch')
+
+TEXTS = [
+    'a photo of a cat',
+    'Café CRÈME brûlée — à la carte!',
+    '東京の夜景と北京烤鸭',
+    'emoji 🐶🎉 and © ™',
+    'control\x00chars\x07 and\ttabs\nnewlines',
+    'an underscore_joined_phrase, with "punctuation"; (and) [brackets]',
+    '&amp;lt;html&amp;gt; entities &quot;twice&quot;',
+    '',
+    ' '.join(['a very long caption describing a crowded street at night'] * 12),  # over the context
+]
+
+
+@pytest.fixture(scope='module')
+def folders(tmp_path_factory):
+    """SigLIP-style (Unigram, pad = </s>, canonicalize) and CLIPA-style (WordPiece, strip [SEP]) folders."""
+    root = tmp_path_factory.mktemp('hf-models')
+    return {
+        'siglip': siglip_dir(root / 'siglip'),
+        'wordpiece': siglip_dir(root / 'wordpiece', 'wordpiece', {'clean': 'whitespace', 'strip_sep_token': True}),
+    }
+
+
+def reference(folder):
+    name = f'local-dir:{folder}'
+    model, _, preprocess = open_clip.create_model_and_transforms(name)
+    return model.eval(), preprocess, open_clip.get_tokenizer(name)
+
+
+@pytest.mark.parametrize('kind', ['siglip', 'wordpiece'])
+def test_token_ids_equal_open_clips_on_the_same_files(folders, kind):
+    folder = folders[kind]
+    resolved = resolve(parse_model_name(f'local-dir:{folder}'))
+    ours = make_tokenizer(resolved.text, folder)
+    _, _, theirs = reference(folder)
+    want = theirs(TEXTS).numpy()
+    got = ours(TEXTS)
+    assert got.input_ids.dtype == np.int64 and got.input_ids.shape == want.shape == (len(TEXTS), 16)
+    for row, text in enumerate(TEXTS):
+        assert got.input_ids[row].tolist() == want[row].tolist(), repr(text[:60])
+    assert got.lengths.tolist() == got.attention_mask.sum(axis=1).tolist()
+
+
+def test_the_text_facts_come_from_the_config(folders):
+    text = resolve(parse_model_name(f'local-dir:{folders["siglip"]}')).text
+    assert text.tokenizer == 'hf-tokenizers' and text.context_length == 16 and text.clean == 'canonicalize'
+    assert not text.causal  # no causal mask, last-token pooling: never trimmed
+    builtin = resolve(parse_model_name('ViT-B-16-SigLIP::webli')).text
+    assert builtin.hf_tokenizer_name == 'timm/ViT-B-16-SigLIP' and builtin.context_length == 64
+    assert resolve(parse_model_name('PE-Core-B-16::meta')).text.context_length == 32
+    assert resolve(parse_model_name('ViT-B-32::openai')).text.causal
+
+
+def _image(seed, size=(300, 200)):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def test_torch_backend_equals_open_clip(folders):
+    folder = folders['siglip']
+    backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
+    model, preprocess, tokenizer = reference(folder)
+    assert backend.pad_id == 1 and not backend.trims_padding and backend.context_length == 16
+    assert backend.preprocess.resize_mode == 'squash' and backend.preprocess.mean == (0.5, 0.5, 0.5)
+    tokens = backend.tokenizer(TEXTS)
+    got = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    with torch.no_grad():
+        want = model.encode_text(tokenizer(TEXTS)).numpy()
+    assert np.abs(got - want).max() <= 1e-5
+    images = [_image(1), _image(2, (64, 500))]
+    pixels = np.stack([preprocess_image(im, backend.preprocess) for im in images])
+    with torch.no_grad():
+        want_pixels = torch.stack([preprocess(im) for im in images])
+        want = model.encode_image(want_pixels).numpy()
+    assert np.abs(pixels - want_pixels.numpy()).max() <= 1e-5
+    assert np.abs(backend.encode_images(pixels) - want).max() <= 1e-5
+
+
+def test_onnx_export_serves_torch_free_with_the_tokenizer_beside_the_graphs(folders, tmp_path):
+    from clipserve.backends.onnx_export import export_onnx
+
+    folder = folders['siglip']
+    out = tmp_path / 'export'
+    metadata = export_onnx(f'local-dir:{folder}', out)
+    assert metadata.tokenizer == 'hf-tokenizers' and metadata.pad_id == 1 and not metadata.dynamic_sequence
+    assert metadata.context_length == 16 and metadata.clean == 'canonicalize'
+    assert (out / 'tokenizer.json').is_file() and (out / 'tokenizer_config.json').is_file()
+    torch_backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
+    tokens = torch_backend.tokenizer(TEXTS)
+    want_texts = torch_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    pixels = np.stack([preprocess_image(_image(3), torch_backend.preprocess)])
+    want_images = torch_backend.encode_images(pixels)
+    np.save(tmp_path / 'pixels.npy', pixels)
+    code = f"""
+import json, sys
+import numpy as np
+from clipserve.backends.onnx_backend import OnnxBackend
+backend = OnnxBackend(None, model_path={str(out)!r})
+tokens = backend.tokenizer({TEXTS!r})
+texts = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+images = backend.encode_images(np.load({str(tmp_path / 'pixels.npy')!r}))
+np.save({str(tmp_path / 'texts.npy')!r}, texts)
+np.save({str(tmp_path / 'images.npy')!r}, images)
+print(json.dumps({{m: m in sys.modules for m in ('torch', 'transformers', 'open_clip')}}))
+"""
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        'torch': False,
+        'transformers': False,
+        'open_clip': False,
+    }
+    assert np.abs(np.load(tmp_path / 'texts.npy') - want_texts).max() <= 1e-4
+    assert np.abs(np.load(tmp_path / 'images.npy') - want_images).max() <= 1e-4
+
+
+def test_a_folder_without_tokenizer_files_fails_saying_what_to_copy(folders, tmp_path):
+    folder = tmp_path / 'no-tokenizer'
+    folder.mkdir()
+    for name in ('open_clip_config.json', 'open_clip_model.safetensors'):
+        (folder / name).write_bytes((folders['siglip'] / name).read_bytes())
+    with pytest.raises(WeightsUnavailableError, match='has no tokenizer.json: copy the tokenizer files'):
+        create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
+
+
+def test_missing_folder_config_and_weights_fail_clearly(folders, tmp_path):
+    with pytest.raises(WeightsUnavailableError, match='does not exist'):
+        resolve(parse_model_name(f'local-dir:{tmp_path / "nowhere"}'))
+    with pytest.raises(WeightsUnavailableError, match='has no open_clip_config.json'):
+        resolve(parse_model_name(f'local-dir:{tmp_path}'))
+    (tmp_path / 'open_clip_config.json').write_text('{"model_cfg": {"embed_dim": 8}}')
+    with pytest.raises(UnknownModelError, match='is not an open_clip config'):
+        resolve(parse_model_name(f'local-dir:{tmp_path}'))
+    weightless = tmp_path / 'weightless'
+    weightless.mkdir()
+    for name in ('open_clip_config.json', 'tokenizer.json', 'tokenizer_config.json'):
+        (weightless / name).write_bytes((folders['siglip'] / name).read_bytes())
+    with pytest.raises(WeightsUnavailableError, match='has no weights file'):
+        create_backend('torch', f'local-dir:{weightless}', BackendOptions(device='cpu'))
+
+
+def test_offline_without_a_cached_tokenizer_fails_fast_and_names_the_files(tmp_path, monkeypatch):
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    with pytest.raises(WeightsUnavailableError) as info:
+        create_backend('torch', 'ViT-B-16-SigLIP::random', BackendOptions(device='cpu'))
+    message = str(info.value)
+    assert 'timm/ViT-B-16-SigLIP' in message and 'tokenizer.json' in message and 'local-dir:' in message
+
+
+def test_local_dir_names_parse_and_print_as_given(tmp_path):
+    name = parse_model_name(f'local-dir:{tmp_path}')
+    assert name.local_dir == str(tmp_path) and str(name) == f'local-dir:{tmp_path}'
+    with pytest.raises(ValueError, match='names no folder'):
+        parse_model_name('local-dir:')
+    assert os.sep in str(name)
