@@ -73,6 +73,47 @@ def wordpiece_tokenizer(folder: Path, vocab_size: int = 400) -> int:
     return tokenizer.get_vocab_size()
 
 
+def xlmr_tokenizer(folder: Path, vocab_size: int = 400) -> int:
+    """An XLM-R / XLM-V-style SentencePiece Unigram tokenizer: <s> ... </s>, <pad> = 1 (as theirs)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    specials = ['<s>', '<pad>', '</s>', '<unk>']
+    tokenizer.train_from_iterator(
+        CORPUS, trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token='<unk>')
+    )
+    bos, eos = tokenizer.token_to_id('<s>'), tokenizer.token_to_id('</s>')
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single='<s> $A </s>', special_tokens=[('<s>', bos), ('</s>', eos)]
+    )
+    tokenizer.save(str(folder / 'tokenizer.json'))
+    _write_config(folder, {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '<pad>', 'unk_token': '<unk>'})
+    return tokenizer.get_vocab_size()
+
+
+def gemma_tokenizer(folder: Path, vocab_size: int = 500) -> int:
+    """A Gemma-style BPE tokenizer with byte fallback (<pad> = 0, <eos> = 1, <bos> = 2; '<bos> text <eos>'),
+    the kind SigLIP2 ships."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token='<unk>', byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(' ', '▁')
+    tokenizer.pre_tokenizer = pre_tokenizers.Split('▁', behavior='merged_with_previous')
+    tokenizer.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ['<pad>', '<eos>', '<bos>', '<unk>'] + [f'<0x{b:02X}>' for b in range(256)]
+    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=specials))
+    bos, eos = tokenizer.token_to_id('<bos>'), tokenizer.token_to_id('<eos>')
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single='<bos> $A <eos>', special_tokens=[('<bos>', bos), ('<eos>', eos)]
+    )
+    tokenizer.save(str(folder / 'tokenizer.json'))
+    _write_config(folder, {'bos_token': '<bos>', 'eos_token': '<eos>', 'pad_token': '<pad>', 'unk_token': '<unk>'})
+    return tokenizer.get_vocab_size()
+
+
 def _write_config(folder: Path, special: dict) -> None:
     (folder / 'special_tokens_map.json').write_text(json.dumps(special))
     config = {'tokenizer_class': 'PreTrainedTokenizerFast', 'model_max_length': 512, **special}
@@ -121,7 +162,7 @@ def local_dir(folder: Path, model_cfg: dict, preprocess_cfg: dict, seed: int = 0
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = open_clip.create_model(f'local-dir:{folder}', pretrained=None)
+        model = open_clip.create_model(f'local-dir:{folder}', pretrained=None, pretrained_text=False)
         with torch.no_grad():  # the init leaves some tensors at zero or one; spread them so that parity means something
             for name, tensor in model.state_dict().items():
                 if tensor.is_floating_point() and 'attn_mask' not in name:
@@ -135,3 +176,103 @@ def siglip_dir(folder: Path, tokenizer: str = 'unigram', tokenizer_kwargs: dict 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = (unigram_tokenizer if tokenizer == 'unigram' else wordpiece_tokenizer)(folder)
     return local_dir(folder, siglip_config(vocab, tokenizer_kwargs), SIGLIP_PREPROCESS)
+
+
+TINY_VISION = {'image_size': 224, 'layers': 2, 'width': 64, 'head_width': 32, 'patch_size': 32}
+TINY_TEXT = {'width': 64, 'heads': 2, 'layers': 2}
+
+
+def metaclip2_dir(folder: Path) -> Path:
+    """MetaCLIP 2 worldwide's kind, shrunk: open_clip's causal text tower pooled at the </s> id, with an
+    XLM-V-style Hugging Face tokenizer (so padding is trimmed although the tokenizer is not BPE)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = xlmr_tokenizer(folder)
+    eos = json.loads((folder / 'tokenizer.json').read_text())['post_processor']['special_tokens']['</s>']['ids'][0]
+    text = {
+        'hf_tokenizer_name': 'clipserve-tests/tiny-xlm-v',
+        'pool_type': 'eos',
+        'eos_id': eos,
+        'context_length': 16,
+        'vocab_size': vocab,
+        **TINY_TEXT,
+    }
+    return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, {})
+
+
+def xlmr_dir(folder: Path) -> Path:
+    """xlm-roberta-base-ViT-B-32's kind, shrunk: a Hugging Face text tower (transformers' XLM-R, from a
+    config.json the test writes; `hf_model_name` is its folder) with mean pooling and an MLP projection."""
+    from transformers import XLMRobertaConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = xlmr_tokenizer(folder)
+    hf_text = folder / 'hf-text'
+    XLMRobertaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    ).save_pretrained(hf_text)
+    text = {
+        'hf_model_name': str(hf_text),
+        'hf_tokenizer_name': 'clipserve-tests/tiny-xlmr',
+        'hf_pooler_type': 'mean_pooler',
+        'hf_model_pretrained': False,
+    }
+    return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, {})
+
+
+def clipa_dir(folder: Path) -> Path:
+    """CLIPA's kind, shrunk: a BERT WordPiece tokenizer with [SEP] stripped, no causal mask, last-token pooling."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = wordpiece_tokenizer(folder)
+    text = {
+        'context_length': 16,
+        'vocab_size': vocab,
+        'hf_tokenizer_name': 'clipserve-tests/tiny-bert',
+        'tokenizer_kwargs': {'strip_sep_token': True},
+        'pool_type': 'last',
+        'no_causal_mask': True,
+        **TINY_TEXT,
+    }
+    return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, {})
+
+
+def pecore_dir(folder: Path) -> Path:
+    """PE-Core's text side, shrunk: open_clip's BPE with a context of 32 (not 77)."""
+    text = {'context_length': 32, 'vocab_size': 49408, **TINY_TEXT}
+    return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, SQUASH)
+
+
+def mobileclip2_dir(folder: Path) -> Path:
+    """MobileCLIP2's text side, shrunk: open_clip's BPE, but no causal mask, so never trimmed (77 tokens)."""
+    text = {'context_length': 77, 'vocab_size': 49408, 'no_causal_mask': True, **TINY_TEXT}
+    mean_std = {'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'interpolation': 'bilinear'}
+    return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, mean_std)
+
+
+SQUASH = {'resize_mode': 'squash', 'interpolation': 'bilinear'}
+
+
+def siglip2_dir(folder: Path) -> Path:
+    """SigLIP2's kind, shrunk: SigLIP's towers with tanh-approximated GELU and a Gemma-style tokenizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = siglip_config(gemma_tokenizer(folder))
+    config['text_cfg']['act_kwargs'] = {'approximate': 'tanh'}
+    return local_dir(folder, config, SIGLIP_PREPROCESS)
+
+
+FAMILIES = {
+    'siglip': siglip_dir,
+    'siglip2': siglip2_dir,
+    'metaclip2': metaclip2_dir,
+    'xlmr': xlmr_dir,
+    'clipa': clipa_dir,
+    'pecore': pecore_dir,
+    'mobileclip2': mobileclip2_dir,
+}

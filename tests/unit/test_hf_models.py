@@ -18,7 +18,7 @@ from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 
-from ..model_folders import siglip_dir
+from ..model_folders import FAMILIES, siglip_dir
 
 open_clip = pytest.importorskip('open_clip')
 pytest.importorskip('transformers')  # open_clip's HFTokenizer, the reference
@@ -82,16 +82,43 @@ def _image(seed, size=(300, 200)):
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
-def test_torch_backend_equals_open_clip(folders):
-    folder = folders['siglip']
+# family -> (context length, padding trimmed, pad id)
+EXPECTED = {
+    'siglip': (16, False, 1),
+    'siglip2': (16, False, 0),
+    'metaclip2': (16, True, 1),
+    'xlmr': (77, False, 1),
+    'clipa': (16, False, 0),
+    'pecore': (32, True, 0),
+    'mobileclip2': (77, False, 0),
+}
+
+
+@pytest.fixture(scope='module')
+def family_dir(tmp_path_factory):
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = FAMILIES[family](tmp_path_factory.mktemp('families') / family)
+        return built[family]
+
+    return get
+
+
+@pytest.mark.parametrize('family', list(EXPECTED))
+def test_torch_backend_equals_open_clip(family_dir, family):
+    folder = family_dir(family)
     backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
     model, preprocess, tokenizer = reference(folder)
-    assert backend.pad_id == 1 and not backend.trims_padding and backend.context_length == 16
-    assert backend.preprocess.resize_mode == 'squash' and backend.preprocess.mean == (0.5, 0.5, 0.5)
+    context, trims, pad_id = EXPECTED[family]
+    assert (backend.context_length, backend.trims_padding, backend.pad_id) == (context, trims, pad_id)
     tokens = backend.tokenizer(TEXTS)
+    want_tokens = tokenizer(TEXTS).numpy()
+    assert tokens.input_ids.tolist() == want_tokens.tolist()
     got = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
     with torch.no_grad():
-        want = model.encode_text(tokenizer(TEXTS)).numpy()
+        want = model.encode_text(torch.from_numpy(want_tokens)).numpy()
     assert np.abs(got - want).max() <= 1e-5
     images = [_image(1), _image(2, (64, 500))]
     pixels = np.stack([preprocess_image(im, backend.preprocess) for im in images])
@@ -102,15 +129,28 @@ def test_torch_backend_equals_open_clip(folders):
     assert np.abs(backend.encode_images(pixels) - want).max() <= 1e-5
 
 
-def test_onnx_export_serves_torch_free_with_the_tokenizer_beside_the_graphs(folders, tmp_path):
+def test_siglip_preprocessing_and_sigmoid_logits(folders):
+    backend = create_backend('torch', f'local-dir:{folders["siglip"]}', BackendOptions(device='cpu'))
+    assert backend.preprocess.resize_mode == 'squash' and backend.preprocess.mean == (0.5, 0.5, 0.5)
+    scale, bias = backend.sigmoid_logits
+    model, _, _ = reference(folders['siglip'])
+    assert scale == pytest.approx(float(model.logit_scale.exp())) and bias == pytest.approx(float(model.logit_bias))
+    plain = create_backend('torch', f'local-dir:{folders["wordpiece"]}', BackendOptions(device='cpu'))
+    assert plain.sigmoid_logits is not None  # a SigLIP config either way (init_logit_bias)
+
+
+@pytest.mark.parametrize('family', list(EXPECTED))
+def test_onnx_export_serves_torch_free_with_the_tokenizer_beside_the_graphs(family_dir, family, tmp_path):
     from clipserve.backends.onnx_export import export_onnx
 
-    folder = folders['siglip']
+    folder = family_dir(family)
     out = tmp_path / 'export'
     metadata = export_onnx(f'local-dir:{folder}', out)
-    assert metadata.tokenizer == 'hf-tokenizers' and metadata.pad_id == 1 and not metadata.dynamic_sequence
-    assert metadata.context_length == 16 and metadata.clean == 'canonicalize'
-    assert (out / 'tokenizer.json').is_file() and (out / 'tokenizer_config.json').is_file()
+    context, trims, pad_id = EXPECTED[family]
+    assert (metadata.context_length, metadata.dynamic_sequence, metadata.pad_id) == (context, trims, pad_id)
+    hf = (folder / 'tokenizer.json').is_file()
+    assert metadata.tokenizer == ('hf-tokenizers' if hf else 'openai-clip-bpe')
+    assert (out / 'tokenizer.json').is_file() == hf
     torch_backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
     tokens = torch_backend.tokenizer(TEXTS)
     want_texts = torch_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
