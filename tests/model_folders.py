@@ -33,24 +33,30 @@ SIGLIP_PREPROCESS = {
 }
 
 
-def unigram_tokenizer(folder: Path, vocab_size: int = 400) -> int:
-    """A T5/SigLIP-style SentencePiece Unigram tokenizer (pad = </s>, as SigLIP's); returns its vocabulary size."""
+def _unigram(folder: Path, specials: list, template: str, special: dict, vocab_size: int) -> int:
+    """A SentencePiece-style Unigram tokenizer (NFKC, Metaspace) with `template` as its post-processor."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.Unigram())
-    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace('  ', ' ')])
+    tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=['<pad>', '</s>', '<unk>'], unk_token='<unk>'
+    tokenizer.train_from_iterator(
+        CORPUS, trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=special['unk_token'])
     )
-    tokenizer.train_from_iterator(CORPUS, trainer)
-    eos = tokenizer.token_to_id('</s>')
-    tokenizer.post_processor = processors.TemplateProcessing(single='$A </s>', special_tokens=[('</s>', eos)])
+    used = [t for t in specials if t in template.split()]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(t, tokenizer.token_to_id(t)) for t in used]
+    )
     tokenizer.save(str(folder / 'tokenizer.json'))
-    config = {'pad_token': '</s>', 'eos_token': '</s>', 'unk_token': '<unk>'}
-    _write_config(folder, config)
+    _write_config(folder, special)
     return tokenizer.get_vocab_size()
+
+
+def unigram_tokenizer(folder: Path, vocab_size: int = 400) -> int:
+    """A T5/SigLIP-style SentencePiece Unigram tokenizer (text </s>; pad = </s>, as SigLIP's)."""
+    special = {'pad_token': '</s>', 'eos_token': '</s>', 'unk_token': '<unk>'}
+    return _unigram(folder, ['<pad>', '</s>', '<unk>'], '$A </s>', special, vocab_size)
 
 
 def wordpiece_tokenizer(folder: Path, vocab_size: int = 400) -> int:
@@ -74,24 +80,9 @@ def wordpiece_tokenizer(folder: Path, vocab_size: int = 400) -> int:
 
 
 def xlmr_tokenizer(folder: Path, vocab_size: int = 400) -> int:
-    """An XLM-R / XLM-V-style SentencePiece Unigram tokenizer: <s> ... </s>, <pad> = 1 (as theirs)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.Unigram())
-    tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
-    specials = ['<s>', '<pad>', '</s>', '<unk>']
-    tokenizer.train_from_iterator(
-        CORPUS, trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token='<unk>')
-    )
-    bos, eos = tokenizer.token_to_id('<s>'), tokenizer.token_to_id('</s>')
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single='<s> $A </s>', special_tokens=[('<s>', bos), ('</s>', eos)]
-    )
-    tokenizer.save(str(folder / 'tokenizer.json'))
-    _write_config(folder, {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '<pad>', 'unk_token': '<unk>'})
-    return tokenizer.get_vocab_size()
+    """An XLM-R / XLM-V-style SentencePiece Unigram tokenizer: <s> text </s>, <pad> = 1 (as theirs)."""
+    special = {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '<pad>', 'unk_token': '<unk>'}
+    return _unigram(folder, ['<s>', '<pad>', '</s>', '<unk>'], '<s> $A </s>', special, vocab_size)
 
 
 def gemma_tokenizer(folder: Path, vocab_size: int = 500) -> int:
