@@ -53,3 +53,32 @@ def test_the_wheel_carries_every_shipped_flow_where_the_cli_looks(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     data = sorted(Path(n).name for n in names if f'.data/data/{cli.INSTALLED_FLOWS.as_posix()}/' in n)
     assert data == SHIPPED
+
+
+def test_models_lists_every_pretrained_pair_with_its_facts(capsys):
+    import json
+
+    import open_clip
+
+    cli.main(['models', '--json'])
+    rows = {row['name']: row for row in json.loads(capsys.readouterr().out)}
+    pairs = [f'{arch}::{tag}' for arch, tag in open_clip.list_pretrained()]
+    assert len(pairs) >= 190 and not set(pairs) - set(rows)
+    siglip = rows['ViT-B-16-SigLIP::webli']
+    assert (siglip['family'], siglip['tokenizer'], siglip['context_length']) == ('SigLIP', 'timm/ViT-B-16-SigLIP', 64)
+    assert (siglip['embed_dim'], siglip['image_size'], siglip['resize_mode']) == (768, 224, 'squash')
+    assert rows['PE-Core-B-16::meta']['context_length'] == 32 and rows['PE-Core-B-16::meta']['family'] == 'PE-Core'
+    openai = rows['ViT-B-32::openai']
+    assert (openai['tokenizer'], openai['context_length'], openai['backends']) == (
+        'open_clip BPE',
+        77,
+        'torch, onnx, tensorrt',
+    )
+    assert rows['ViT-H-14-worldwide::metaclip2_worldwide']['family'] == 'MetaCLIP 2'
+
+
+def test_models_filters_by_family(capsys):
+    cli.main(['models', '--family', 'siglip2'])
+    out = capsys.readouterr().out
+    rows = [line.split('  ')[0] for line in out.splitlines()[1:] if line and '::' in line.split()[0]]
+    assert len(rows) >= 10 and all('SigLIP2' in row for row in rows) and 'models;' in out
