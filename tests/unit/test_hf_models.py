@@ -220,3 +220,24 @@ def test_local_dir_names_parse_and_print_as_given(tmp_path):
     with pytest.raises(ValueError, match='names no folder'):
         parse_model_name('local-dir:')
     assert os.sep in str(name)
+
+
+def test_a_cached_tokenizer_serves_offline_from_the_hub_cache_layout(folders, tmp_path, monkeypatch):
+    """Tokenizer files downloaded once (huggingface_hub's cache layout under $CLIPSERVE_CACHE) are found
+    offline without any network call, and tokenize as the model's own."""
+    from clipserve.models.loading import tokenizer_folder
+
+    cache = tmp_path / 'cache'
+    snapshot = cache / 'models--timm--ViT-B-16-SigLIP' / 'snapshots' / ('0' * 40)
+    snapshot.mkdir(parents=True)
+    (cache / 'models--timm--ViT-B-16-SigLIP' / 'refs').mkdir()
+    (cache / 'models--timm--ViT-B-16-SigLIP' / 'refs' / 'main').write_text('0' * 40)
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):
+        (snapshot / name).write_bytes((folders['siglip'] / name).read_bytes())
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(cache))
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    resolved = resolve(parse_model_name('ViT-B-16-SigLIP::random'))
+    folder = tokenizer_folder(resolved)
+    assert folder == snapshot
+    tokens = make_tokenizer(resolved.text, folder)(['a photo of a cat'])
+    assert tokens.input_ids.shape == (1, 64) and tokens.input_ids[0, -1] == 1  # padded to 64 with </s>
