@@ -68,3 +68,34 @@ def tls_flow(certificate, tmp_path_factory):
     )
     with flow:
         yield dict(zip(protocols, ports))
+
+
+@pytest.fixture(scope='session')
+def family_folder(tmp_path_factory):
+    """family -> its shrunk local-dir folder (tests/model_folders.py), built once per session."""
+    from tests.model_folders import FAMILIES
+
+    built = {}
+
+    def get(family):
+        if family not in built:
+            built[family] = FAMILIES[family](tmp_path_factory.mktemp('families') / family)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope='session')
+def family_export(family_folder, tmp_path_factory):
+    """family -> (its clipserve ONNX export folder, the export's metadata), exported once per session."""
+    built = {}
+
+    def get(family):
+        if family not in built:
+            from clipserve.backends.onnx_export import export_onnx
+
+            out = tmp_path_factory.mktemp('family-exports') / family
+            built[family] = out, export_onnx(f'local-dir:{family_folder(family)}', out)
+        return built[family]
+
+    return get

@@ -3,6 +3,7 @@ PE-Core, MobileCLIP2) served from local-dir by the shipped torch and onnx Flows,
 open_clip itself on the same folder (its model, its tokenizer, its preprocessing)."""
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,13 +22,10 @@ TEXTS = ['a photo of a cat', 'Café crème — à la carte!', '東京の夜景',
 
 
 @pytest.fixture(scope='module', params=list(FAMILIES))
-def served(request, tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
-
-    folder = FAMILIES[request.param](tmp_path_factory.mktemp('models') / request.param)
+def served(request, family_folder, family_export, tmp_path_factory):
+    folder = family_folder(request.param)
     name = f'local-dir:{folder}'
-    exported = tmp_path_factory.mktemp(f'{request.param}-onnx')
-    export_onnx(name, exported)
+    exported, _ = family_export(request.param)
     ports = {'torch': free_port(), 'onnx': free_port()}
     flows = tmp_path_factory.mktemp('flows')
     torch_flow = flow_from_yaml('torch.yml', flows, lambda c: set_port(c, ports['torch']), {'CLIPSERVE_MODEL': name})
@@ -37,8 +35,13 @@ def served(request, tmp_path_factory):
         lambda c: set_port(c, ports['onnx']),
         {'CLIPSERVE_MODEL': name, 'CLIPSERVE_MODEL_PATH': str(exported)},
     )
-    with torch_flow, onnx_flow:
+    with ThreadPoolExecutor(2) as starting:  # both Flows start at once: their processes' imports overlap
+        list(starting.map(lambda flow: flow.start(), (torch_flow, onnx_flow)))
+    try:
         yield folder, ports
+    finally:
+        torch_flow.close()
+        onnx_flow.close()
 
 
 @pytest.fixture(scope='module')

@@ -18,7 +18,7 @@ from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 
-from ..model_folders import FAMILIES, siglip_dir
+from ..model_folders import siglip_dir
 
 open_clip = pytest.importorskip('open_clip')
 pytest.importorskip('transformers')  # open_clip's HFTokenizer, the reference
@@ -94,21 +94,9 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope='module')
-def family_dir(tmp_path_factory):
-    built = {}
-
-    def get(family):
-        if family not in built:
-            built[family] = FAMILIES[family](tmp_path_factory.mktemp('families') / family)
-        return built[family]
-
-    return get
-
-
 @pytest.mark.parametrize('family', list(EXPECTED))
-def test_torch_backend_equals_open_clip(family_dir, family):
-    folder = family_dir(family)
+def test_torch_backend_equals_open_clip(family_folder, family):
+    folder = family_folder(family)
     backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
     model, preprocess, tokenizer = reference(folder)
     context, trims, pad_id = EXPECTED[family]
@@ -140,44 +128,39 @@ def test_siglip_preprocessing_and_sigmoid_logits(folders):
 
 
 @pytest.mark.parametrize('family', list(EXPECTED))
-def test_onnx_export_serves_torch_free_with_the_tokenizer_beside_the_graphs(family_dir, family, tmp_path):
-    from clipserve.backends.onnx_export import export_onnx
-
-    folder = family_dir(family)
-    out = tmp_path / 'export'
-    metadata = export_onnx(f'local-dir:{folder}', out)
+def test_onnx_export_equals_torch_with_the_tokenizer_beside_the_graphs(family_folder, family_export, family):
+    folder = family_folder(family)
+    out, metadata = family_export(family)
     context, trims, pad_id = EXPECTED[family]
     assert (metadata.context_length, metadata.dynamic_sequence, metadata.pad_id) == (context, trims, pad_id)
     hf = (folder / 'tokenizer.json').is_file()
     assert metadata.tokenizer == ('hf-tokenizers' if hf else 'openai-clip-bpe')
     assert (out / 'tokenizer.json').is_file() == hf
     torch_backend = create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
-    tokens = torch_backend.tokenizer(TEXTS)
-    want_texts = torch_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    onnx_backend = create_backend('onnx', None, BackendOptions(device='cpu'), model_path=str(out))
+    tokens = onnx_backend.tokenizer(TEXTS)
+    assert tokens.input_ids.tolist() == torch_backend.tokenizer(TEXTS).input_ids.tolist()
+    want = torch_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    assert np.abs(onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask) - want).max() <= 1e-4
     pixels = np.stack([preprocess_image(_image(3), torch_backend.preprocess)])
-    want_images = torch_backend.encode_images(pixels)
-    np.save(tmp_path / 'pixels.npy', pixels)
+    assert np.abs(onnx_backend.encode_images(pixels) - torch_backend.encode_images(pixels)).max() <= 1e-4
+
+
+@pytest.mark.parametrize('family', ['siglip', 'xlmr'])
+def test_the_onnx_replica_tokenizes_and_encodes_without_torch_or_transformers(family_export, family):
+    out, _ = family_export(family)
     code = f"""
 import json, sys
-import numpy as np
 from clipserve.backends.onnx_backend import OnnxBackend
 backend = OnnxBackend(None, model_path={str(out)!r})
 tokens = backend.tokenizer({TEXTS!r})
-texts = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-images = backend.encode_images(np.load({str(tmp_path / 'pixels.npy')!r}))
-np.save({str(tmp_path / 'texts.npy')!r}, texts)
-np.save({str(tmp_path / 'images.npy')!r}, images)
+assert backend.encode_texts(tokens.input_ids, tokens.attention_mask).shape[0] == {len(TEXTS)}
 print(json.dumps({{m: m in sys.modules for m in ('torch', 'transformers', 'open_clip')}}))
 """
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
-        'torch': False,
-        'transformers': False,
-        'open_clip': False,
-    }
-    assert np.abs(np.load(tmp_path / 'texts.npy') - want_texts).max() <= 1e-4
-    assert np.abs(np.load(tmp_path / 'images.npy') - want_images).max() <= 1e-4
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded == {'torch': False, 'transformers': False, 'open_clip': False}
 
 
 def test_a_folder_without_tokenizer_files_fails_saying_what_to_copy(folders, tmp_path):
