@@ -116,7 +116,8 @@ def export_onnx(
     image, text = ImageTower(model).eval(), TextTower(model).eval()
     size, context = resolved.preprocess.image_size, resolved.context_length
     pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
-    tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
+    tokenizer_files = tokenizer_folder(resolved)
+    tokenizer = make_tokenizer(resolved.text, tokenizer_files)
     tokens = tokenizer(['a photo of a cat', 'two dogs playing in the snow'])
     ids, mask = torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask)
     fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -167,7 +168,7 @@ def export_onnx(
         weights_sha256=weights_hash(model),
         max_abs_diff=verify_export(out, image, text, tokenizer) if verify else {},
     )
-    _copy_tokenizer_files(tokenizer_folder(resolved), out)
+    _copy_tokenizer_files(tokenizer_files, out)
     write_metadata(out, metadata)
     return metadata
 

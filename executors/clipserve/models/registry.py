@@ -94,19 +94,28 @@ def _read_local_dir(name: ModelName) -> tuple[Path, dict]:
 
 def _register_local_config(model_cfg: dict) -> str:
     """Register a local-dir folder's model config with open_clip under a name derived from its content
-    (open_clip registers configs from files, so the file is written once into the cache)."""
+    (open_clip registers configs from files, so the file is written once into the cache, or into a
+    temporary folder where the cache is read-only)."""
     text = json.dumps(model_cfg, sort_keys=True)
     arch = 'local-' + hashlib.sha256(text.encode()).hexdigest()[:16]
     if open_clip.get_model_config(arch) is None:
-        folder = cache_dir() / 'model-configs'
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f'{arch}.json'
-        if not path.is_file():
-            with tempfile.NamedTemporaryFile('w', dir=folder, suffix='.tmp', delete=False) as f:
-                f.write(text)
-            os.replace(f.name, path)
+        try:
+            path = _write_once(cache_dir() / 'model-configs', f'{arch}.json', text)
+        except OSError:
+            path = _write_once(Path(tempfile.mkdtemp(prefix='clipserve-configs-')), f'{arch}.json', text)
         open_clip.add_model_config(path)
     return arch
+
+
+def _write_once(folder: Path, name: str, text: str) -> Path:
+    """`folder/name` holding `text`, written atomically unless it is already there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if not path.is_file():
+        with tempfile.NamedTemporaryFile('w', dir=folder, suffix='.tmp', delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
+    return path
 
 
 def _resolve_arch(name: ModelName) -> str:
