@@ -75,6 +75,15 @@ def _reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
+def _why_no_download(source: str) -> str | None:
+    """Why a download from `source` cannot happen now (offline mode, host unreachable), else None."""
+    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
+        return 'HF_HUB_OFFLINE is set and the cache has no copy'
+    if source and not _reachable(source):
+        return f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy'
+    return None
+
+
 def _unavailable(resolved: ResolvedModel, target: Path, why: str) -> WeightsUnavailableError:
     return WeightsUnavailableError(
         f'cannot get the weights of {resolved.name}: {why}. '
@@ -92,15 +101,11 @@ def download_weights(resolved: ResolvedModel) -> str:
     cached = cached_weights(cfg, target)
     if cached:
         return cached
-    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
-        raise _unavailable(resolved, target, 'HF_HUB_OFFLINE is set and the cache has no copy')
     from huggingface_hub import constants
 
-    source = constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', '')
-    if source and not _reachable(source):
-        raise _unavailable(
-            resolved, target, f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy'
-        )
+    why = _why_no_download(constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', ''))
+    if why:
+        raise _unavailable(resolved, target, why)
     try:
         target.mkdir(parents=True, exist_ok=True)
         path = open_clip.download_pretrained(cfg, cache_dir=str(target))
@@ -262,14 +267,11 @@ def tokenizer_folder(resolved: ResolvedModel) -> Path | None:
     cached = try_to_load_from_cache(repo_id=repo, filename=TOKENIZER_FILE, cache_dir=str(target))
     if isinstance(cached, str) and os.path.isfile(cached):
         return Path(cached).parent
-    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
-        raise _tokenizer_unavailable(resolved, repo, target, 'HF_HUB_OFFLINE is set and the cache has no copy')
     from huggingface_hub import constants
 
-    if not _reachable(constants.ENDPOINT):
-        raise _tokenizer_unavailable(
-            resolved, repo, target, f'{urllib.parse.urlsplit(constants.ENDPOINT).hostname} is unreachable'
-        )
+    why = _why_no_download(constants.ENDPOINT)
+    if why:
+        raise _tokenizer_unavailable(resolved, repo, target, why)
     try:
         folder = Path(snapshot_download(repo_id=repo, allow_patterns=list(TOKENIZER_FILES), cache_dir=str(target)))
     except Exception as e:  # network, hub and file-system errors all end here
