@@ -15,8 +15,10 @@ Prints a table, writes benchmarks/results/families.json and families.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -60,11 +62,15 @@ def main() -> None:
     parser.add_argument('--seconds', type=float, default=3.0)
     parser.add_argument('--rounds', type=int, default=2)
     args = parser.parse_args()
+    os.environ.setdefault('JINA_LOG_LEVEL', 'ERROR')
+    # this process runs torch before it starts Flows; forked executors can hang in libgomp
+    os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
 
     from clip_client import Client
     from docarray import Document, DocumentArray
     from jina import Flow
 
+    from clipserve import CLIPEncoder
     from clipserve.backends import BackendOptions, create_backend
     from clipserve.backends.onnx_export import export_onnx
     from clipserve.models.preprocess import preprocess_bytes
@@ -90,16 +96,13 @@ def main() -> None:
             for label, name in models.items()
         }
         ports = {label: free_port() for label in models}
-        flows = [
-            Flow(port=ports[label]).add(
-                uses='CLIPEncoder',
-                py_modules=['clipserve'],
-                uses_with={'name': name, 'backend': backend_name, 'model_path': paths[label]},
+        flows = contextlib.ExitStack()
+        for label, name in models.items():
+            uses_with = {'name': name, 'backend': backend_name, 'model_path': paths[label]}
+            flow = Flow(port=ports[label]).add(
+                uses=CLIPEncoder, uses_with=uses_with, allow_concurrent=True, timeout_ready=-1
             )
-            for label, name in models.items()
-        ]
-        for flow in flows:
-            flow.start()
+            flows.enter_context(flow)
         try:
             clients = {label: Client(f'grpc://127.0.0.1:{port}') for label, port in ports.items()}
 
@@ -152,8 +155,7 @@ def main() -> None:
                 )
                 print(json.dumps(cell))
         finally:
-            for flow in flows:
-                flow.close()
+            flows.close()
             for b in backends.values():
                 b.close()
     info = machine()
