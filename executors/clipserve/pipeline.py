@@ -74,9 +74,7 @@ class EncodePipeline:
     def _run_images(self, pixels: np.ndarray) -> np.ndarray:
         return self.model_thread('images', pixels)
 
-    def _run_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
-        if attention_mask is None:
-            attention_mask = (input_ids != 0).astype(np.int64)
+    def _run_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return self.model_thread('texts', input_ids, attention_mask)
 
     def close(self) -> None:

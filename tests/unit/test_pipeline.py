@@ -56,7 +56,7 @@ def test_a_model_error_reaches_the_caller_and_the_pipeline_keeps_working(tiny_ba
     pipeline = EncodePipeline(tiny_backend, minibatch_size=4)
     try:
         with pytest.raises(IndexError):  # token ids far outside the vocabulary
-            pipeline._run_texts(np.full((2, 3), 10**7, dtype=np.int64))
+            pipeline._run_texts(np.full((2, 3), 10**7, dtype=np.int64), np.ones((2, 3), dtype=np.int64))
         assert pipeline.encode_texts(['still serving']).shape == (1, tiny_backend.embed_dim)
     finally:
         pipeline.close()

@@ -47,9 +47,8 @@ class TorchBackend(Backend):
         self.embed_dim = resolved.embed_dim
         self.context_length = resolved.context_length
         self.preprocess = resolved.preprocess
-        self.text_spec = resolved.text
-        self.tokenizer_folder = tokenizer_folder(resolved)  # before the weights: a missing tokenizer fails fast
-        self.tokenizer = make_tokenizer(resolved.text, self.tokenizer_folder)
+        # before the weights: missing tokenizer files fail fast
+        self.tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
         self.pad_id = int(getattr(self.tokenizer, 'pad_id', 0))
         self.model = build_model(resolved, device=self.device, precision=self.dtype)
         self._torch_dtype = TORCH_DTYPES[self.dtype]

@@ -74,14 +74,3 @@ class TextSpec:
             hf_tokenizer_name=hf_name,
             vocab_size=int(text_cfg.get('vocab_size', BPE_VOCAB_SIZE)),
         )
-
-    def to_dict(self) -> dict:
-        return {
-            'tokenizer': self.tokenizer,
-            'context_length': self.context_length,
-            'clean': self.clean,
-            'strip_sep_token': self.strip_sep_token,
-            'causal': self.causal,
-            'hf_tokenizer_name': self.hf_tokenizer_name,
-            'vocab_size': self.vocab_size,
-        }
