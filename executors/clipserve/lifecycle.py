@@ -12,6 +12,7 @@ drain is not installed and leaves Jina's shutdown as it is.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 
@@ -68,14 +69,24 @@ def install_drain(executor, grace: float, on_drain) -> bool | None:
             return
         done.append(True)
         on_drain()
+        _flush_output()  # stdout to a file or a pipe is block-buffered: say "draining" now, not at exit
         await server.health_servicer.enter_graceful_shutdown()  # NOT_SERVING on every service
         # grpc: no new RPCs from now on; those in flight get `grace` seconds to finish
         await server.server.stop(grace=grace)
         await handler.close()  # closes the executor
         await BaseServer.shutdown(server)  # tracing/metrics teardown, as Jina's shutdown does
+        _flush_output()
 
     server.shutdown = draining_shutdown
     return True
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or replaced by something without flush
+            pass
 
 
 def install_drain_when_served(executor, grace: float, on_drain, log, wait_seconds: float = 60.0) -> None:

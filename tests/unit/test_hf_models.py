@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from clipserve.backends import BackendOptions, create_backend
-from clipserve.errors import UnknownModelError, WeightsUnavailableError
+from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
 from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
@@ -224,3 +224,21 @@ def test_a_cached_tokenizer_serves_offline_from_the_hub_cache_layout(folders, tm
     assert folder == snapshot
     tokens = make_tokenizer(resolved.text, folder)(['a photo of a cat'])
     assert tokens.input_ids.shape == (1, 64) and tokens.input_ids[0, -1] == 1  # padded to 64 with </s>
+
+
+def test_a_hugging_face_text_tower_without_transformers_names_the_extra(family_folder, monkeypatch):
+    folder = family_folder('xlmr')  # written with transformers' config class
+    monkeypatch.setitem(sys.modules, 'transformers', None)  # as if not installed
+    with pytest.raises(BackendUnavailableError, match=r'Hugging Face text tower .*clipserve\[hf-text\]'):
+        create_backend('torch', f'local-dir:{folder}', BackendOptions(device='cpu'))
+
+
+def test_without_a_mask_a_hugging_face_batch_is_masked_at_its_pad_id(family_folder):
+    """MetaCLIP 2's XLM-V tokenizer pads with id 1 and its causal tower is trimmed to the batch's longest
+    text: the mask the backend derives must be the tokenizer's, or real tokens are cut."""
+    backend = create_backend('torch', f'local-dir:{family_folder("metaclip2")}', BackendOptions(device='cpu'))
+    tokens = backend.tokenizer(['cat', 'a dog'])
+    assert backend.pad_id == 1 and backend.trims_padding and (tokens.attention_mask == 0).any()
+    np.testing.assert_array_equal(
+        backend.encode_texts(tokens.input_ids), backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    )

@@ -86,10 +86,14 @@ class Backend(ABC):
         if len(input_ids) == 0:
             return np.zeros((0, self.embed_dim), dtype=np.float32)
         input_ids = np.asarray(input_ids, dtype=np.int64)
-        if attention_mask is None:
-            # <eot> has the largest id in CLIP's vocabulary, so argmax finds each text's end.
-            lengths = input_ids.argmax(axis=1) + 1
-            attention_mask = (np.arange(input_ids.shape[1]) < lengths[:, None]).astype(np.int64)
+        if attention_mask is None:  # callers with a tokenizer's TokenBatch pass its mask
+            if self.pad_id == 0:
+                # CLIP's BPE pads with 0, which is also a real token ('!'), but <eot> has the largest
+                # id of its vocabulary, so argmax finds each text's end.
+                lengths = input_ids.argmax(axis=1) + 1
+                attention_mask = (np.arange(input_ids.shape[1]) < lengths[:, None]).astype(np.int64)
+            else:  # a Hugging Face tokenizer's pad id is a special token no text produces
+                attention_mask = (input_ids != self.pad_id).astype(np.int64)
         if self.trims_padding:
             longest = int(attention_mask.sum(axis=1).max())
             input_ids, attention_mask = input_ids[:, :longest], attention_mask[:, :longest]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ import torch
 from open_clip.constants import HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
 from open_clip.factory import _set_model_device_and_precision as set_device_and_precision
 
-from clipserve.errors import WeightsUnavailableError
+from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.registry import ResolvedModel
@@ -192,12 +193,25 @@ def _load_as_open_clip_does(
         ) from e
 
 
+def _require_text_tower_runtime(resolved: ResolvedModel) -> None:
+    """A Hugging Face text tower (XLM-R, mT5, NLLB, ...) is built by transformers, which the torch extra
+    leaves out: say so before open_clip fails on the import with its own message."""
+    tower = resolved.model_cfg.get('text_cfg', {}).get('hf_model_name')
+    if tower and importlib.util.find_spec('transformers') is None:
+        raise BackendUnavailableError(
+            f'{resolved.name} has a Hugging Face text tower ({tower}), which the torch backend builds with '
+            f"transformers: pip install 'clipserve[hf-text]' (or export it once and serve the ONNX files, "
+            'which need neither torch nor transformers)'
+        )
+
+
 def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
     """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
 
     Peak memory is one copy of the weights: a checkpoint's tensors are loaded once and become the
     model's parameters (on a GPU, each is moved and its CPU copy freed in turn).
     """
+    _require_text_tower_runtime(resolved)
     checkpoint = _checkpoint_path(resolved)
     kwargs = dict(force_quick_gelu=resolved.quick_gelu, pretrained_text=False, pretrained_image=False)
     if checkpoint is None:
