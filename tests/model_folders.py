@@ -267,3 +267,86 @@ FAMILIES = {
     'pecore': pecore_dir,
     'mobileclip2': mobileclip2_dir,
 }
+
+
+# ---- clip-as-service's M-CLIP and CN-CLIP ---------------------------------------------------
+
+
+def mclip_folder(folder: Path, embed_dim: int = 512) -> Path:
+    """An M-CLIP repository's files, shrunk, written by multilingual-clip's own classes: config.json
+    (modelBase = a tiny XLM-R saved beside it), model.safetensors, and an XLM-R-style tokenizer."""
+    import torch
+    from multilingual_clip import Config_MCLIP, pt_multilingual_clip
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = xlmr_tokenizer(folder)
+    base = folder / 'xlm-roberta-tiny'
+    config = XLMRobertaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        XLMRobertaModel(config).save_pretrained(base)
+        mclip = Config_MCLIP.MCLIPConfig(modelBase=str(base), transformerDimSize=32, imageDimSize=embed_dim)
+        pt_multilingual_clip.MultilingualCLIP(mclip).save_pretrained(folder)
+    return folder
+
+
+def mclip_reference(folder: Path):
+    """multilingual-clip's own model for `folder`. Its from_pretrained builds under transformers 5's meta
+    device and fails, so the package's class is built from the config and given the saved weights."""
+    from multilingual_clip import Config_MCLIP, pt_multilingual_clip
+    from safetensors.torch import load_file
+
+    model = pt_multilingual_clip.MultilingualCLIP(Config_MCLIP.MCLIPConfig.from_pretrained(str(folder)))
+    model.load_state_dict(load_file(str(folder / 'model.safetensors')))
+    return model.eval()
+
+
+def cache_open_clip_weights(cache: Path, arch: str, tag: str, seed: int = 0) -> Path:
+    """Seeded random weights for `arch::tag`, where clipserve's cache keeps a download of them (the
+    Hugging Face hub layout), so the name loads offline through the real cache path."""
+    import open_clip
+    import torch
+    from safetensors.torch import save_file
+
+    from clipserve.models.loading import _hub_files
+
+    repo, names = _hub_files(open_clip.get_pretrained_cfg(arch, tag))
+    root = cache / f'models--{repo.replace("/", "--")}'
+    revision = '0' * 40
+    snapshot = root / 'snapshots' / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (root / 'refs').mkdir(exist_ok=True)
+    (root / 'refs' / 'main').write_text(revision)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = open_clip.create_model(arch)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(snapshot / names[0]))
+    return snapshot / names[0]
+
+
+def cnclip_checkpoint(path: Path, struct: str, seed: int = 5) -> Path:
+    """A checkpoint in cn_clip's published format ({"state_dict": {"module.<name>": tensor}}), random weights."""
+    import contextlib
+    import io
+
+    import torch
+    from cn_clip.clip.utils import create_model
+
+    with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
+        torch.manual_seed(seed)
+        model = create_model(struct)
+    state = {f'module.{k}': v for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({'epoch': 1, 'step': 1, 'name': 'clipserve-tests', 'state_dict': state}, path)
+    return path

@@ -78,8 +78,10 @@ def list_models(argv: list[str]) -> None:
     for row in table:
         print('  '.join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     print(
-        f'\n{len(rows)} models; any architecture also takes ::random (seeded random weights), a checkpoint file '
-        '(arch::/path/weights.safetensors) or a folder (local-dir:/path)'
+        f'\n{len(rows)} models; any open_clip architecture also takes ::random (seeded random weights), a '
+        'checkpoint file (arch::/path/weights.safetensors) or a folder (local-dir:/path); M-CLIP names a folder '
+        "of its repository's files (M-CLIP/<model>::/path), CN-CLIP a checkpoint (CN-CLIP/<model>::/path/x.pt) "
+        'or ::random'
     )
     print('legacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
 

@@ -95,13 +95,14 @@ def test_verification_rejects_a_wrong_graph(tiny_export, tmp_path):
     from clipserve.models.registry import resolve
     from clipserve.models.towers import ImageTower, TextTower
 
-    other = build_model(resolve(parse_model_name(TINY)))
+    resolved = resolve(parse_model_name(TINY))
+    other = build_model(resolved)
     import torch
 
     with torch.no_grad():
         other.visual.ln_post.bias += 1  # different weights than the exported graph
     with pytest.raises(ExportError, match='visual.onnx differs'):
-        verify_export(tiny_export[0], ImageTower(other), TextTower(other), Tokenizer())
+        verify_export(tiny_export[0], ImageTower(other), TextTower(other), Tokenizer(), resolved.preprocess.image_size)
 
 
 @pytest.mark.parametrize('make', [lambda p: p / 'missing', lambda p: p])

@@ -87,7 +87,7 @@ class Backend(ABC):
             return np.zeros((0, self.embed_dim), dtype=np.float32)
         input_ids = np.asarray(input_ids, dtype=np.int64)
         if attention_mask is None:  # callers with a tokenizer's TokenBatch pass its mask
-            if self.pad_id == 0:
+            if getattr(getattr(self, 'tokenizer', None), 'pad_id', None) is None:
                 # CLIP's BPE pads with 0, which is also a real token ('!'), but <eot> has the largest
                 # id of its vocabulary, so argmax finds each text's end.
                 lengths = input_ids.argmax(axis=1) + 1

@@ -147,9 +147,11 @@ def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
     parsed = parse_model_name(name)
     key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
     files = [parsed.checkpoint_path, parsed.config_path]
-    if parsed.local_dir and os.path.isdir(os.path.expanduser(parsed.local_dir)):
-        folder = os.path.expanduser(parsed.local_dir)
-        files += sorted(os.path.join(folder, f) for f in os.listdir(folder))
+    # a local-dir folder, or an M-CLIP name's folder of files: the identity of each file in it
+    for folder in (parsed.local_dir, parsed.checkpoint_path):
+        if folder and os.path.isdir(os.path.expanduser(folder)):
+            folder = os.path.expanduser(folder)
+            files += sorted(os.path.join(folder, f) for f in os.listdir(folder))
     for path in files:
         if path and os.path.isfile(path):
             stat = os.stat(path)

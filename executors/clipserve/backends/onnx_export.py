@@ -166,7 +166,7 @@ def export_onnx(
         opset=opset,
         exporter=f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         weights_sha256=weights_hash(model),
-        max_abs_diff=verify_export(out, image, text, tokenizer) if verify else {},
+        max_abs_diff=verify_export(out, image, text, tokenizer, size) if verify else {},
     )
     _copy_tokenizer_files(tokenizer_files, out)
     write_metadata(out, metadata)
@@ -182,13 +182,11 @@ def _copy_tokenizer_files(source: Path | None, out: Path) -> None:
             shutil.copyfile(source / name, out / name)
 
 
-def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module, tokenizer) -> dict:
+def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module, tokenizer, size: int) -> dict:
     """Run both graphs in ONNX Runtime and PyTorch on fresh inputs; raise above TOLERANCE."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(1)
-    size = image.model.visual.image_size
-    size = size[0] if isinstance(size, (tuple, list)) else size
     pixels = rng.normal(size=(3, 3, size, size)).astype(np.float32)  # another batch size than exported
     tokens = tokenizer(['a diagram', 'three red apples on a wooden table, seen from above', 'x'])
     ids, mask = tokens.input_ids, tokens.attention_mask

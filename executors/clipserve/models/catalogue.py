@@ -1,5 +1,6 @@
-"""Every model open_clip knows, with the facts an operator picks by: family, tokenizer, context length,
-embedding size, image size and resize mode, and which backends serve it (`python -m clipserve models`).
+"""Every model open_clip knows, and clip-as-service's M-CLIP and CN-CLIP ones, with the facts an operator
+picks by: family, tokenizer, context length, embedding size, image size and resize mode, and which
+backends serve it (`python -m clipserve models`).
 
 Read from open_clip's configs and pretrained registry without building any model.
 """
@@ -10,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import open_clip
 
-from clipserve.models import registry
+from clipserve.models import cnclip, mclip, registry
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
 
@@ -86,15 +87,51 @@ def facts(arch: str, tag: str) -> ModelFacts:
     )
 
 
+def clip_as_service_facts() -> list[ModelFacts]:
+    """clip-as-service's M-CLIP and CN-CLIP models, by its names."""
+    rows = []
+    for name, model in mclip.MODELS.items():
+        arch, _, tag = model.image_model.partition('::')
+        image = facts(arch, tag)
+        rows.append(
+            ModelFacts(
+                name=name,
+                family='M-CLIP',
+                tokenizer=model.repo,
+                context_length=mclip.CONTEXT_LENGTH,
+                embed_dim=model.embed_dim,
+                image_size=image.image_size,
+                resize_mode=image.resize_mode,
+                backends=', '.join(BACKENDS),
+            )
+        )
+    for name, model in cnclip.MODELS.items():
+        config = cnclip.preprocess(model)
+        rows.append(
+            ModelFacts(
+                name=name,
+                family='CN-CLIP',
+                tokenizer=cnclip.TEXT.hf_tokenizer_name,
+                context_length=cnclip.CONTEXT_LENGTH,
+                embed_dim=model.embed_dim,
+                image_size=config.image_size,
+                resize_mode=config.resize_mode,
+                backends=', '.join(BACKENDS),
+            )
+        )
+    return rows
+
+
 def catalogue(include_random: bool = False) -> list[ModelFacts]:
-    """One row per architecture and pretrained tag (and `::random` per architecture when asked)."""
+    """One row per architecture and pretrained tag (and `::random` per architecture when asked), then
+    clip-as-service's M-CLIP and CN-CLIP models."""
     rows = []
     for arch in registry.known_architectures():
         tags = list(open_clip.list_pretrained_tags_by_model(arch))
         if include_random or not tags:
             tags.append('random')
         rows += [facts(arch, tag) for tag in tags]
-    return rows
+    return rows + clip_as_service_facts()
 
 
 def as_dicts(rows: list[ModelFacts]) -> list[dict]:

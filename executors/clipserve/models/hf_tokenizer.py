@@ -62,6 +62,7 @@ CLEANERS = {
     'whitespace': lambda t: _whitespace(_basic_clean(t)),
     'lower': lambda t: _whitespace(_basic_clean(t)).lower(),
     'canonicalize': lambda t: _canonicalize(_basic_clean(t)),
+    'none': lambda t: t,  # M-CLIP and CN-CLIP hand texts to their tokenizers as they are
 }
 
 

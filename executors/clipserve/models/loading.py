@@ -11,8 +11,6 @@ import functools
 import importlib.util
 import logging
 import os
-import socket
-import urllib.parse
 from pathlib import Path
 
 import open_clip
@@ -23,6 +21,8 @@ from open_clip.factory import _set_model_device_and_precision as set_device_and_
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
+from clipserve.models.hub import why_no_download
+from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY
 from clipserve.models.registry import ResolvedModel
 
 RANDOM_SEED = 0
@@ -64,27 +64,6 @@ def cached_weights(cfg: dict, target: Path) -> str | None:
     return None
 
 
-def _reachable(url: str, timeout: float = 3.0) -> bool:
-    """A quick TCP probe, so that being offline fails in seconds, not after minutes of download retries."""
-    if any(os.environ.get(v) for v in ('HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy')):
-        return True  # a proxy decides; let the download try
-    parts = urllib.parse.urlsplit(url)
-    try:
-        socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def _why_no_download(source: str) -> str | None:
-    """Why a download from `source` cannot happen now (offline mode, host unreachable), else None."""
-    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
-        return 'HF_HUB_OFFLINE is set and the cache has no copy'
-    if source and not _reachable(source):
-        return f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy'
-    return None
-
-
 def _unavailable(resolved: ResolvedModel, target: Path, why: str) -> WeightsUnavailableError:
     return WeightsUnavailableError(
         f'cannot get the weights of {resolved.name}: {why}. '
@@ -104,7 +83,7 @@ def download_weights(resolved: ResolvedModel) -> str:
         return cached
     from huggingface_hub import constants
 
-    why = _why_no_download(constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', ''))
+    why = why_no_download(constants.ENDPOINT if cfg.get('hf_hub') else cfg.get('url', ''))
     if why:
         raise _unavailable(resolved, target, why)
     try:
@@ -205,12 +184,25 @@ def _require_text_tower_runtime(resolved: ResolvedModel) -> None:
         )
 
 
+def _family_module(resolved: ResolvedModel):
+    """The module that builds one of clip-as-service's non-open_clip families."""
+    if resolved.family == MCLIP_FAMILY:
+        from clipserve.models import mclip
+
+        return mclip
+    from clipserve.models import cnclip
+
+    return cnclip
+
+
 def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
     """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
 
     Peak memory is one copy of the weights: a checkpoint's tensors are loaded once and become the
     model's parameters (on a GPU, each is moved and its CPU copy freed in turn).
     """
+    if resolved.family != OPEN_CLIP_FAMILY:
+        return _family_module(resolved).build(resolved, device, precision)
     _require_text_tower_runtime(resolved)
     checkpoint = _checkpoint_path(resolved)
     kwargs = dict(force_quick_gelu=resolved.quick_gelu, pretrained_text=False, pretrained_image=False)
@@ -263,6 +255,14 @@ def tokenizer_folder(resolved: ResolvedModel) -> Path | None:
     the local-dir folder, a checkpoint's own folder when it has them, else the cache (downloading once)."""
     if not resolved.text.needs_tokenizer_files:
         return None
+    if resolved.family == MCLIP_FAMILY:
+        from clipserve.models.mclip import text_folder
+
+        return text_folder(resolved)
+    if resolved.family == CNCLIP_FAMILY:
+        from clipserve.models.cnclip import tokenizer_folder as cnclip_tokenizer_folder
+
+        return cnclip_tokenizer_folder(resolved)
     local = [resolved.local_dir]
     if resolved.name.checkpoint_path:
         local.append(Path(resolved.name.checkpoint_path).expanduser().parent)
@@ -283,7 +283,7 @@ def tokenizer_folder(resolved: ResolvedModel) -> Path | None:
         return Path(cached).parent
     from huggingface_hub import constants
 
-    why = _why_no_download(constants.ENDPOINT)
+    why = why_no_download(constants.ENDPOINT)
     if why:
         raise _tokenizer_unavailable(resolved, repo, target, why)
     try:

@@ -1,5 +1,5 @@
-"""Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files, `local-dir:/folder`
-and `::random`.
+"""Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files, `local-dir:/folder`,
+`::random`, and clip-as-service's `M-CLIP/...` and `CN-CLIP/...` models.
 
 Parsing is pure string work so it can run (and fail with a helpful message) before anything heavy
 is imported. Resolving an architecture against open_clip's registry happens in `models.loading`.
@@ -16,6 +16,10 @@ CHECKPOINT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth')
 CONFIG_SUFFIX = '.json'
 LOCAL_DIR_PREFIX = 'local-dir:'  # open_clip's schema for a model folder
 LOCAL_DIR_TAG = 'local-dir'
+# clip-as-service's models beyond open_clip, by its names: `M-CLIP/<model>`, `CN-CLIP/<model>`
+MCLIP_FAMILY, CNCLIP_FAMILY, OPEN_CLIP_FAMILY = 'M-CLIP', 'CN-CLIP', 'open_clip'
+EXTERNAL_FAMILIES = (MCLIP_FAMILY, CNCLIP_FAMILY)
+PUBLISHED_TAG = ''  # an external family's own published weights (the name alone)
 
 # clip-as-service (and OpenAI's `clip` package) accepted these names; they all mean OpenAI weights.
 LEGACY_ALIASES = {
@@ -64,8 +68,16 @@ class ModelName:
         """The custom architecture config file, when `arch` names one."""
         return self.arch if self.arch.endswith(CONFIG_SUFFIX) else None
 
+    @property
+    def family(self) -> str:
+        """Which code builds the model: open_clip, or one of clip-as-service's M-CLIP / CN-CLIP ports."""
+        prefix = self.arch.split('/', 1)[0]
+        return prefix if '/' in self.arch and prefix in EXTERNAL_FAMILIES else OPEN_CLIP_FAMILY
+
     def __str__(self) -> str:
-        return self.arch if self.local_dir is not None else f'{self.arch}::{self.pretrained}'
+        if self.local_dir is not None or self.pretrained == PUBLISHED_TAG:
+            return self.arch
+        return f'{self.arch}::{self.pretrained}'
 
 
 def parse_model_name(name: str | ModelName | None) -> ModelName:
@@ -88,4 +100,6 @@ def parse_model_name(name: str | ModelName | None) -> ModelName:
     arch = LEGACY_ALIASES.get(arch, arch).split('::')[0]
     if not arch:
         raise ValueError(f'model name {name!r} has no architecture before "::"')
+    if arch.split('/', 1)[0] in EXTERNAL_FAMILIES:  # `M-CLIP/<model>` alone: that model's published weights
+        return ModelName(arch=arch, pretrained=pretrained.strip() if sep else PUBLISHED_TAG)
     return ModelName(arch=arch, pretrained=pretrained.strip() if sep else 'openai')

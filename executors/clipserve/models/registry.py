@@ -17,7 +17,7 @@ import open_clip
 
 from clipserve.errors import UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
-from clipserve.models.names import ModelName
+from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import TextSpec
 
@@ -39,6 +39,8 @@ class ResolvedModel:
     preprocess: PreprocessConfig
     text: TextSpec
     local_dir: Path | None = None  # a `local-dir:` folder: weights and tokenizer files live there
+    family: str = OPEN_CLIP_FAMILY  # which code builds it: open_clip, or clip-as-service's M-CLIP / CN-CLIP
+    image_model: ResolvedModel | None = None  # M-CLIP: the open_clip model whose image tower it pairs with
 
     @property
     def embed_dim(self) -> int:
@@ -150,6 +152,14 @@ def _resolve_tag(arch: str, name: ModelName) -> dict:
 
 def resolve(name: ModelName) -> ResolvedModel:
     """Check that `name` can be built and gather its config, without loading any weights."""
+    if name.family == MCLIP_FAMILY:
+        from clipserve.models import mclip
+
+        return mclip.resolve(name)
+    if name.family == CNCLIP_FAMILY:
+        from clipserve.models import cnclip
+
+        return cnclip.resolve(name)
     local_dir = None
     if name.local_dir is not None:
         local_dir, content = _read_local_dir(name)

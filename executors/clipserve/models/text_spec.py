@@ -12,7 +12,7 @@ from dataclasses import dataclass
 BPE_TOKENIZER = 'openai-clip-bpe'  # open_clip's SimpleTokenizer (clipserve's models/tokenizer.py)
 HF_TOKENIZER = 'hf-tokenizers'  # a Hugging Face tokenizer.json (clipserve's models/hf_tokenizer.py)
 TOKENIZER_KINDS = (BPE_TOKENIZER, HF_TOKENIZER)
-CLEAN_MODES = ('lower', 'whitespace', 'canonicalize')  # open_clip's get_clean_fn
+CLEAN_MODES = ('lower', 'whitespace', 'canonicalize', 'none')  # open_clip's get_clean_fn; none: M-CLIP, CN-CLIP
 DEFAULT_CONTEXT_LENGTH = 77
 BPE_VOCAB_SIZE = 49408
 
@@ -21,9 +21,10 @@ BPE_VOCAB_SIZE = 49408
 class TextSpec:
     """How texts become token ids for one model.
 
-    `causal`: the text tower has a causal mask and pools at the end-of-text token, so a batch may run
-    only up to its longest text (padding trimmed); otherwise it takes exactly `context_length` ids,
-    padded with `pad_id` as open_clip pads them.
+    `causal`: padding never changes a text's embedding (a causal tower pooling at the end-of-text
+    token, or one that attends to and pools over unmasked positions only), so a batch may run only up
+    to its longest text (padding trimmed); otherwise it takes exactly `context_length` ids, padded
+    with `pad_id` as open_clip pads them.
     """
 
     tokenizer: str = BPE_TOKENIZER

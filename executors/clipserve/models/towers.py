@@ -13,7 +13,11 @@ from open_clip.transformer import text_global_pool
 
 
 def supports_trimming(model: torch.nn.Module) -> bool:
-    """True for open_clip's built-in text tower (causal mask, end-of-text pooling)."""
+    """True for open_clip's built-in text tower (causal mask, end-of-text pooling), and for models whose
+    text tower takes the attention mask (`encode_text_with_mask`: M-CLIP, CN-CLIP), which attend to
+    and pool over unmasked tokens only."""
+    if hasattr(model, 'encode_text_with_mask'):
+        return True
     return (
         getattr(model, 'attn_mask', None) is not None
         and hasattr(model, 'positional_embedding')
@@ -48,6 +52,8 @@ class TextTower(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         m = self.model
+        if hasattr(m, 'encode_text_with_mask'):
+            return m.encode_text_with_mask(input_ids, attention_mask)
         if not self.trimmed:
             return m.encode_text(input_ids)
         length = input_ids.shape[1]
