@@ -39,6 +39,8 @@ ARG WITH_TENSORRT=false
 # takes the same pinned version from PyTorch's CPU-only index instead ("2.14.1+cpu" satisfies the
 # constraint "torch==2.14.1"); set this to "" to use PyPI's build.
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# More extras for the torch variants, comma separated: hf-text, multilingual (M-CLIP), cn-clip (CN-CLIP).
+ARG MORE_EXTRAS=""
 
 RUN python -m venv /opt/venv
 WORKDIR /src
@@ -55,6 +57,7 @@ RUN set -eu; \
       cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; fi ;; \
       *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx or cuda)" >&2; exit 1 ;; \
     esac; \
+    if [ -n "$MORE_EXTRAS" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
     /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
     if [ "$VARIANT" = "cpu-onnx" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
       echo "cpu-onnx must not contain torch" >&2; exit 1; \

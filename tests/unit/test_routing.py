@@ -42,3 +42,13 @@ def test_an_extra_models_executor_keeps_only_its_own_routes_and_passes_everythin
     assert '/default' not in table and '/encode' not in table
     with pytest.raises(KeyError):
         table['/search']
+
+
+def test_clip_as_service_names_with_a_slash_route_as_a_whole():
+    """clip-client sends `/encode/M-CLIP/XLM-Roberta-Large-Vit-B-32`: the model is everything after the endpoint."""
+    served = ['M-CLIP/XLM-Roberta-Large-Vit-B-32', 'CN-CLIP/RN50']
+    table = model_routes(REQUESTS, ('/encode', '/rank'), served[0], served[0], served, True)
+    assert table['/encode/M-CLIP/XLM-Roberta-Large-Vit-B-32'] == ENCODE
+    assert table['/rank/CN-CLIP/RN50'] is PASS_THROUGH
+    with pytest.raises(UnknownModelError, match="'CN-CLIP/ViT-B-32' is not served by this Flow"):
+        table['/encode/CN-CLIP/ViT-B-32'].fn(None)
