@@ -57,7 +57,7 @@ RUN set -eu; \
       cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; fi ;; \
       *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx or cuda)" >&2; exit 1 ;; \
     esac; \
-    if [ -n "$MORE_EXTRAS" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
+    if [ -n "${MORE_EXTRAS:-}" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
     /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
     if [ "$VARIANT" = "cpu-onnx" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
       echo "cpu-onnx must not contain torch" >&2; exit 1; \

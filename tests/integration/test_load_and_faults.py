@@ -53,7 +53,8 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
     """The victim is frozen (SIGSTOP) under load, so a request the gateway sends it waits there: one that
     has been outstanding many times longer than the live replica takes is in flight at the victim when
     SIGKILL comes."""
-    flow = Flow().add(uses=CLIPEncoder, uses_with={'name': TINY}, replicas=2, allow_concurrent=True)
+    # timeout_ctrl: Jina's close waits this long for the killed replica's shutdown signal, which never comes
+    flow = Flow().add(uses=CLIPEncoder, uses_with={'name': TINY}, replicas=2, allow_concurrent=True, timeout_ctrl=5)
     with flow:
         pids = set()
         for _ in range(10):
