@@ -350,3 +350,67 @@ def cnclip_checkpoint(path: Path, struct: str, seed: int = 5) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({'epoch': 1, 'step': 1, 'name': 'clipserve-tests', 'state_dict': state}, path)
     return path
+
+
+# ---- transformers checkpoints (transformers:/folder) ----------------------------------------
+
+_TINY_TOWER = {'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 2, 'num_attention_heads': 2}
+_TINY_VISION = {**_TINY_TOWER, 'image_size': 32, 'patch_size': 8}
+
+
+def _special_ids(folder: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+    return {name: tokenizer.token_to_id(token) for name, token in (('bos', '<s>'), ('pad', '<pad>'), ('eos', '</s>'))}
+
+
+def _tokenizer_config(folder: Path, **values) -> None:
+    path = folder / 'tokenizer_config.json'
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+def transformers_checkpoint(folder: Path, kind: str) -> Path:
+    """A transformers checkpoint of `kind` (clip, metaclip_2, siglip, chinese_clip, altclip), shrunk: its own
+    config class at small widths, random weights saved with save_pretrained, a tokenizer in its style
+    trained here, and its image processor's preprocessor_config.json (32 px images)."""
+    import torch
+    import transformers as t
+
+    folder.mkdir(parents=True, exist_ok=True)
+    square = {'size': {'height': 32, 'width': 32}}
+    crop = {'size': {'shortest_edge': 32}, 'crop_size': {'height': 32, 'width': 32}}
+    if kind == 'siglip':
+        vocab = unigram_tokenizer(folder)
+        _tokenizer_config(folder, model_max_length=16)
+        text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 16}
+        config = t.SiglipConfig(text_config=text, vision_config=_TINY_VISION)
+        processor = t.SiglipImageProcessorPil(**square)
+    elif kind == 'chinese_clip':
+        vocab = wordpiece_tokenizer(folder)
+        _tokenizer_config(folder, model_max_length=52)
+        text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 64}
+        config = t.ChineseCLIPConfig(text_config=text, vision_config=_TINY_VISION, projection_dim=64)
+        processor = t.ChineseCLIPImageProcessorPil(**crop)
+    else:
+        vocab = xlmr_tokenizer(folder)
+        ids = _special_ids(folder)
+        specials = {'bos_token_id': ids['bos'], 'pad_token_id': ids['pad'], 'eos_token_id': ids['eos']}
+        if kind == 'altclip':
+            _tokenizer_config(folder, model_max_length=512)
+            text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 80, 'project_dim': 64, **specials}
+            config = t.AltCLIPConfig(text_config=text, vision_config=_TINY_VISION, projection_dim=64)
+        else:
+            _tokenizer_config(folder, model_max_length=77)
+            text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 77, **specials}
+            classes = {'clip': t.CLIPConfig, 'metaclip_2': t.MetaClip2Config}
+            config = classes[kind](text_config=text, vision_config=_TINY_VISION, projection_dim=64)
+        processor = t.CLIPImageProcessorPil(**crop)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        t.AutoModel.from_config(config).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+TRANSFORMERS_TYPES = ('clip', 'metaclip_2', 'siglip', 'chinese_clip', 'altclip')

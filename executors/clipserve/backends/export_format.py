@@ -49,6 +49,7 @@ class ExportMetadata:
     std: tuple[float, ...]
     interpolation: str = 'bicubic'
     resize_mode: str = 'shortest'
+    crop: str = 'round'  # PreprocessConfig.crop: 'floor' for transformers checkpoints
     embed_dim: int | None = None  # None: the backend probes the graph
     tokenizer: str = BPE_TOKENIZER  # text_spec.TOKENIZER_KINDS; Hugging Face tokenizer files lie beside the graphs
     context_length: int = DEFAULT_CONTEXT_LENGTH
@@ -92,6 +93,7 @@ class ExportMetadata:
             std=tuple(self.std),
             interpolation=self.interpolation,
             resize_mode=self.resize_mode,
+            crop=self.crop,
         )
 
 

@@ -156,6 +156,7 @@ def export_onnx(
         std=tuple(cfg.std),
         interpolation=cfg.interpolation,
         resize_mode=cfg.resize_mode,
+        crop=cfg.crop,
         tokenizer=resolved.text.tokenizer,
         context_length=context,
         pad_id=int(getattr(tokenizer, 'pad_id', 0)),

@@ -22,7 +22,7 @@ from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import why_no_download
-from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY
+from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY, TRANSFORMERS_FAMILY
 from clipserve.models.registry import ResolvedModel
 
 RANDOM_SEED = 0
@@ -185,11 +185,15 @@ def _require_text_tower_runtime(resolved: ResolvedModel) -> None:
 
 
 def _family_module(resolved: ResolvedModel):
-    """The module that builds one of clip-as-service's non-open_clip families."""
+    """The module that builds a model open_clip does not: M-CLIP, CN-CLIP, transformers checkpoints."""
     if resolved.family == MCLIP_FAMILY:
         from clipserve.models import mclip
 
         return mclip
+    if resolved.family == TRANSFORMERS_FAMILY:
+        from clipserve.models import hf_checkpoints
+
+        return hf_checkpoints
     from clipserve.models import cnclip
 
     return cnclip

@@ -1,5 +1,5 @@
 """Model names: `arch::pretrained`, clip-as-service's legacy aliases, local files, `local-dir:/folder`,
-`::random`, and clip-as-service's `M-CLIP/...` and `CN-CLIP/...` models.
+`::random`, clip-as-service's `M-CLIP/...` and `CN-CLIP/...` models, and `transformers:` checkpoints.
 
 Parsing is pure string work so it can run (and fail with a helpful message) before anything heavy
 is imported. Resolving an architecture against open_clip's registry happens in `models.loading`.
@@ -19,6 +19,9 @@ LOCAL_DIR_TAG = 'local-dir'
 # clip-as-service's models beyond open_clip, by its names: `M-CLIP/<model>`, `CN-CLIP/<model>`
 MCLIP_FAMILY, CNCLIP_FAMILY, OPEN_CLIP_FAMILY = 'M-CLIP', 'CN-CLIP', 'open_clip'
 EXTERNAL_FAMILIES = (MCLIP_FAMILY, CNCLIP_FAMILY)
+# a transformers checkpoint: `transformers:<hub id>` or `transformers:/path/to/folder`
+TRANSFORMERS_PREFIX = 'transformers:'
+TRANSFORMERS_FAMILY = 'transformers'
 PUBLISHED_TAG = ''  # an external family's own published weights (the name alone)
 
 # clip-as-service (and OpenAI's `clip` package) accepted these names; they all mean OpenAI weights.
@@ -69,8 +72,15 @@ class ModelName:
         return self.arch if self.arch.endswith(CONFIG_SUFFIX) else None
 
     @property
+    def transformers_source(self) -> str | None:
+        """The hub id or folder of a `transformers:` name."""
+        return self.arch[len(TRANSFORMERS_PREFIX) :] if self.arch.startswith(TRANSFORMERS_PREFIX) else None
+
+    @property
     def family(self) -> str:
-        """Which code builds the model: open_clip, or one of clip-as-service's M-CLIP / CN-CLIP ports."""
+        """Which code builds the model: open_clip, transformers, or one of clip-as-service's M-CLIP / CN-CLIP ports."""
+        if self.transformers_source is not None:
+            return TRANSFORMERS_FAMILY
         prefix = self.arch.split('/', 1)[0]
         return prefix if '/' in self.arch and prefix in EXTERNAL_FAMILIES else OPEN_CLIP_FAMILY
 
@@ -95,6 +105,10 @@ def parse_model_name(name: str | ModelName | None) -> ModelName:
         if not name[len(LOCAL_DIR_PREFIX) :].strip():
             raise ValueError(f'model name {name!r} names no folder after "{LOCAL_DIR_PREFIX}"')
         return ModelName(arch=name, pretrained=LOCAL_DIR_TAG)
+    if name.startswith(TRANSFORMERS_PREFIX):
+        if not name[len(TRANSFORMERS_PREFIX) :].strip():
+            raise ValueError(f'model name {name!r} names no hub id or folder after "{TRANSFORMERS_PREFIX}"')
+        return ModelName(arch=name, pretrained=PUBLISHED_TAG)
     name = LEGACY_ALIASES.get(name, name)
     arch, sep, pretrained = name.partition('::')
     arch = LEGACY_ALIASES.get(arch, arch).split('::')[0]

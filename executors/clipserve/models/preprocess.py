@@ -69,6 +69,9 @@ class ImageError(ValueError):
 # configuration
 
 
+CROP_RULES = ('round', 'floor')
+
+
 def _three_floats(value, name: str) -> tuple[float, float, float]:
     """Accept a scalar (open_clip allows one) or three numbers; anything else is a config bug."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -88,6 +91,9 @@ class PreprocessConfig:
     std: tuple[float, float, float] = OPENAI_STD
     interpolation: str = 'bicubic'
     resize_mode: str = 'shortest'
+    # the center crop's offset: 'round' ((size - S) / 2 rounded, torchvision's and so open_clip's) or
+    # 'floor' (transformers' image processors); they differ by a pixel when the margin is odd
+    crop: str = 'round'
     max_pixels: int = 50_000_000
     max_aspect_ratio: float = 200.0
     jpeg_draft: bool = False  # decode JPEGs at a reduced scale: faster, not bit-exact (opt-in)
@@ -104,6 +110,8 @@ class PreprocessConfig:
             raise ValueError(f'interpolation must be one of {sorted(RESAMPLE)}, got {self.interpolation!r}')
         if self.resize_mode not in ('shortest', 'squash'):
             raise ValueError(f"resize_mode must be 'shortest' or 'squash', got {self.resize_mode!r}")
+        if self.crop not in CROP_RULES:
+            raise ValueError(f'crop must be one of {", ".join(CROP_RULES)}, got {self.crop!r}')
         if self.max_pixels < 1:
             raise ValueError(f'max_pixels must be positive, got {self.max_pixels!r}')
         if not self.max_aspect_ratio >= 1:
@@ -264,10 +272,12 @@ def _shortest_side_size(width: int, height: int, size: int) -> tuple[int, int]:
     return int(size * width / height), size
 
 
-def _center_crop_box(width: int, height: int, size: int) -> tuple[int, int, int, int]:
-    """CenterCrop(size) window; Python's round (half to even) is what torchvision uses."""
-    top = int(round((height - size) / 2.0))
-    left = int(round((width - size) / 2.0))
+def _center_crop_box(width: int, height: int, size: int, rule: str = 'round') -> tuple[int, int, int, int]:
+    """CenterCrop(size) window; Python's round (half to even) is what torchvision uses, floor transformers'."""
+    if rule == 'floor':
+        top, left = (height - size) // 2, (width - size) // 2
+    else:
+        top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
     return left, top, left + size, top + size
 
 
@@ -288,7 +298,7 @@ def _resize_shortest_and_crop(image: Image.Image, config: PreprocessConfig) -> I
     """Resize(S) then CenterCrop(S), in the image's own mode as torchvision does it."""
     size = config.image_size
     new_size = _shortest_side_size(image.width, image.height, size)
-    crop = _center_crop_box(new_size[0], new_size[1], size)
+    crop = _center_crop_box(new_size[0], new_size[1], size, config.crop)
     if new_size == image.size:  # torchvision skips the resize when nothing changes
         return image.crop(crop)
     if _plain_resize_pixels(*image.size, *new_size) > _PLAIN_RESIZE_MAX_PIXELS and image.mode in EXACT_MODES:

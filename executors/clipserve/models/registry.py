@@ -17,7 +17,7 @@ import open_clip
 
 from clipserve.errors import UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import cache_dir
-from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY, ModelName
+from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY, TRANSFORMERS_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import TextSpec
 
@@ -160,6 +160,10 @@ def resolve(name: ModelName) -> ResolvedModel:
         from clipserve.models import cnclip
 
         return cnclip.resolve(name)
+    if name.family == TRANSFORMERS_FAMILY:
+        from clipserve.models import hf_checkpoints
+
+        return hf_checkpoints.resolve(name)
     local_dir = None
     if name.local_dir is not None:
         local_dir, content = _read_local_dir(name)

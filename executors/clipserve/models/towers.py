@@ -14,10 +14,11 @@ from open_clip.transformer import text_global_pool
 
 def supports_trimming(model: torch.nn.Module) -> bool:
     """True for open_clip's built-in text tower (causal mask, end-of-text pooling), and for models whose
-    text tower takes the attention mask (`encode_text_with_mask`: M-CLIP, CN-CLIP), which attend to
-    and pool over unmasked tokens only."""
+    text tower takes the attention mask (`encode_text_with_mask`: M-CLIP, CN-CLIP, transformers
+    checkpoints), which attend to and pool over unmasked tokens only unless they say otherwise
+    (`trims_text`)."""
     if hasattr(model, 'encode_text_with_mask'):
-        return True
+        return bool(getattr(model, 'trims_text', True))  # SigLIP pools at the last position: never trimmed
     return (
         getattr(model, 'attn_mask', None) is not None
         and hasattr(model, 'positional_embedding')

@@ -1,0 +1,247 @@
+"""CLIP-family checkpoints in transformers' format: `transformers:<hub id>` or `transformers:/path/to/folder`.
+
+A folder as `save_pretrained` writes it (config.json, the weights, the tokenizer files,
+preprocessor_config.json) whose `model_type` is one transformers ships a CLIP-family model for. The
+embeddings are what the model's own `get_text_features` / `get_image_features` return. Texts are
+tokenized by the folder's tokenizer.json (no cleaning), truncated to the tokenizer's model_max_length
+(capped by the text tower's positions) and given the inputs the tokenizer names (`model_input_names`);
+images are preprocessed as the folder's processor does it with PIL (resize, center crop with
+transformers' offsets, rescale, normalise). SigLIP pools at the last position, so its texts are
+padded to exactly their length; the others attend to unmasked tokens only, so batches are trimmed.
+
+Loading never runs code shipped with a checkpoint (`trust_remote_code` stays off).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
+from clipserve.models.cache import CACHE_ENV, cache_dir
+from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
+from clipserve.models.hub import HubFileUnavailable, hub_snapshot
+from clipserve.models.names import TRANSFORMERS_FAMILY, ModelName
+from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
+
+CONFIG_FILE = 'config.json'
+PROCESSOR_FILE = 'preprocessor_config.json'
+WEIGHTS_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """What clipserve needs to know of one transformers model type."""
+
+    processor: dict  # the defaults of its image processor (what preprocessor_config.json may leave out)
+    fixed_length: bool = False  # pools at a fixed position (SigLIP: the last one): never trimmed
+    position_offset: int = 0  # positions a RoBERTa-style text tower reserves (pad id + 1)
+
+
+_CLIP_PROCESSOR = {
+    'size': {'shortest_edge': 224},
+    'crop_size': {'height': 224, 'width': 224},
+    'do_center_crop': True,
+    'resample': 3,
+    'image_mean': [0.48145466, 0.4578275, 0.40821073],
+    'image_std': [0.26862954, 0.26130258, 0.27577711],
+}
+MODEL_TYPES = {
+    'clip': ModelType(_CLIP_PROCESSOR),
+    'metaclip_2': ModelType(_CLIP_PROCESSOR),
+    'chinese_clip': ModelType(_CLIP_PROCESSOR),
+    'altclip': ModelType(_CLIP_PROCESSOR, position_offset=2),
+    'siglip': ModelType(
+        {
+            'size': {'height': 224, 'width': 224},
+            'do_center_crop': False,
+            'resample': 3,
+            'image_mean': [0.5, 0.5, 0.5],
+            'image_std': [0.5, 0.5, 0.5],
+        },
+        fixed_length=True,
+    ),
+}
+# PIL's resampling codes, as preprocessor_config.json writes them
+_RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic', 4: 'box', 5: 'hamming'}
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError) as e:
+        raise WeightsUnavailableError(f'{str(path)!r} is not readable JSON: {e}') from e
+    return data if isinstance(data, dict) else {}
+
+
+def checkpoint_folder(name: ModelName) -> Path:
+    """The checkpoint's folder: the local one the name gives, else the hub repository's files in the cache."""
+    source = name.transformers_source
+    local = Path(source).expanduser()
+    if source.startswith(('/', '.', '~')) or local.is_dir():
+        if not (local / CONFIG_FILE).is_file():
+            raise WeightsUnavailableError(
+                f'{str(local)!r} (from {str(name)!r}) is not a transformers checkpoint folder: it needs '
+                f'{CONFIG_FILE}, the weights ({" or ".join(WEIGHTS_FILES[::2])}), {TOKENIZER_FILE} and {PROCESSOR_FILE}'
+            )
+        return local
+    patterns = [CONFIG_FILE, PROCESSOR_FILE, 'model*.safetensors*', 'pytorch_model.bin', *TOKENIZER_FILES]
+    try:
+        return hub_snapshot(source, patterns, required=CONFIG_FILE)
+    except HubFileUnavailable as e:
+        raise WeightsUnavailableError(
+            f'cannot get the checkpoint {source!r}: {e}. It downloads on first use into the cache '
+            f'{str(cache_dir())!r} (set ${CACHE_ENV} to move it), which needs network access. Offline, copy a '
+            f'cache that has it, or copy its files into a folder and serve "transformers:/path/to/folder"'
+        ) from e
+
+
+def model_type(folder: Path) -> str:
+    kind = _read_json(folder / CONFIG_FILE).get('model_type')
+    if kind not in MODEL_TYPES:
+        if _read_json(folder / CONFIG_FILE).get('auto_map'):
+            raise UnknownModelError(
+                f'{str(folder)!r} is a model with its own code (config.json has an auto_map); clipserve does '
+                'not run code shipped with a checkpoint'
+            )
+        raise UnknownModelError(
+            f'{str(folder)!r} has model_type {kind!r}; clipserve serves transformers checkpoints of the types '
+            f'{", ".join(MODEL_TYPES)} (`python -m clipserve models --family transformers`)'
+        )
+    return kind
+
+
+def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
+    """The folder's image processor as clipserve's preprocessing (refused where it cannot be reproduced)."""
+    cfg = {**MODEL_TYPES[kind].processor, **_read_json(folder / PROCESSOR_FILE)}
+    where = str(folder / PROCESSOR_FILE)
+    if cfg.get('do_rescale', True) and abs(float(cfg.get('rescale_factor', 1 / 255)) - 1 / 255) > 1e-12:
+        raise UnknownModelError(f'{where}: rescale_factor {cfg["rescale_factor"]} is not supported (only 1/255)')
+    if not cfg.get('do_rescale', True) or not cfg.get('do_normalize', True) or not cfg.get('do_resize', True):
+        raise UnknownModelError(f'{where}: do_resize, do_rescale and do_normalize must be on')
+    size, crop = cfg.get('size') or {}, cfg.get('crop_size') or {}
+    if isinstance(crop, int):
+        crop = {'height': crop, 'width': crop}
+    if 'shortest_edge' in size and cfg.get('do_center_crop'):
+        if not (size['shortest_edge'] == crop.get('height') == crop.get('width')) or 'longest_edge' in size:
+            raise UnknownModelError(
+                f'{where}: only a shortest-edge resize to the crop size is supported, got {size}, {crop}'
+            )
+        image_size, mode = int(size['shortest_edge']), 'shortest'
+    elif 'height' in size and size.get('height') == size.get('width'):
+        if cfg.get('do_center_crop') and not (crop.get('height') == crop.get('width') == size['height']):
+            raise UnknownModelError(f'{where}: a crop smaller than the resize is not supported, got {size}, {crop}')
+        image_size, mode = int(size['height']), 'squash'
+    else:
+        raise UnknownModelError(f'{where}: size {size} is not supported (a square resize, or a shortest edge + crop)')
+    resample = cfg.get('resample', 3)
+    if resample not in _RESAMPLE:
+        raise UnknownModelError(f'{where}: resample {resample!r} is not a PIL resampling filter')
+    return PreprocessConfig(
+        image_size=image_size,
+        mean=tuple(cfg['image_mean']),
+        std=tuple(cfg['image_std']),
+        interpolation=_RESAMPLE[resample],
+        resize_mode=mode,
+        crop='floor',
+    )
+
+
+def text_facts(folder: Path, kind: str) -> tuple[int, list[str]]:
+    """(context length, the inputs the tokenizer gives the model)."""
+    config = _read_json(folder / CONFIG_FILE)
+    positions = int((config.get('text_config') or {}).get('max_position_embeddings') or 77)
+    positions -= MODEL_TYPES[kind].position_offset
+    tokenizer = _read_json(folder / 'tokenizer_config.json')
+    context = min(int(tokenizer.get('model_max_length') or positions), positions)
+    inputs = list(tokenizer.get('model_input_names') or ['input_ids', 'attention_mask'])
+    return context, inputs
+
+
+def resolve(name: ModelName):
+    """The checkpoint's facts from its files (a hub checkpoint downloads here, once, into the cache)."""
+    from clipserve.models.registry import ResolvedModel
+
+    folder = checkpoint_folder(name)
+    kind = model_type(folder)
+    config = _read_json(folder / CONFIG_FILE)
+    if kind == 'siglip':
+        embed_dim = (config.get('text_config') or {}).get('hidden_size', 768)
+    else:
+        embed_dim = config.get('projection_dim', 512)
+    context, inputs = text_facts(folder, kind)
+    return ResolvedModel(
+        name=name,
+        arch=str(name),
+        model_cfg={'embed_dim': int(embed_dim), 'model_type': kind, 'text_inputs': inputs},
+        pretrained_cfg={},
+        quick_gelu=False,
+        preprocess=preprocess_config(folder, kind),
+        text=TextSpec(
+            tokenizer=HF_TOKENIZER,
+            context_length=context,
+            clean='none',
+            causal=not MODEL_TYPES[kind].fixed_length,
+            hf_tokenizer_name=name.transformers_source,
+        ),
+        local_dir=folder,
+        family=TRANSFORMERS_FAMILY,
+    )
+
+
+def _features(output) -> torch.Tensor:
+    """transformers 5 returns an output whose pooler_output holds the features; 4.x the tensor itself."""
+    return output.pooler_output if hasattr(output, 'pooler_output') else output
+
+
+class TransformersCLIP(torch.nn.Module):
+    """A transformers CLIP-family model behind the towers' interface."""
+
+    def __init__(self, model: torch.nn.Module, pass_mask: bool, trims_text: bool):
+        super().__init__()
+        self.model = model
+        self.pass_mask = pass_mask
+        self.trims_text = trims_text
+
+    def encode_image(self, pixel_values):
+        return _features(self.model.get_image_features(pixel_values=pixel_values))
+
+    def encode_text_with_mask(self, input_ids, attention_mask):
+        if self.pass_mask:
+            return _features(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
+        return _features(self.model.get_text_features(input_ids=input_ids))
+
+
+def build(resolved, device: str, precision: str) -> torch.nn.Module:
+    """The checkpoint's model, in eval mode on `device` in `precision`; never with remote code."""
+    from clipserve.models.loading import PRECISIONS
+
+    try:
+        import transformers
+    except ImportError as e:
+        raise BackendUnavailableError(
+            "transformers checkpoints run on transformers: pip install 'clipserve[transformers]' (or export the "
+            'model once and serve the ONNX files, which need neither torch nor transformers)'
+        ) from e
+    folder = resolved.local_dir
+    try:
+        model = transformers.AutoModel.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=False, dtype=torch.float32
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        raise WeightsUnavailableError(f'cannot load the checkpoint in {str(folder)!r}: {type(e).__name__}: {e}') from e
+    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[PRECISIONS[precision]]
+    kind = resolved.model_cfg['model_type']
+    wrapped = TransformersCLIP(
+        model, 'attention_mask' in resolved.model_cfg['text_inputs'], not MODEL_TYPES[kind].fixed_length
+    )
+    wrapped = wrapped.to(device=device, dtype=dtype).eval()
+    for parameter in wrapped.parameters():
+        parameter.requires_grad_(False)
+    return wrapped
