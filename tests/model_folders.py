@@ -383,7 +383,9 @@ def transformers_checkpoint(folder: Path, kind: str) -> Path:
     if kind == 'siglip':
         vocab = unigram_tokenizer(folder)
         _tokenizer_config(folder, model_max_length=16)
+        eos = _special_ids(folder)['eos']
         text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 16}
+        text.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
         config = t.SiglipConfig(text_config=text, vision_config=_TINY_VISION)
         processor = t.SiglipImageProcessorPil(**square)
     elif kind == 'chinese_clip':

@@ -43,6 +43,10 @@ def serve(flow_arg: str | None, from_stdin: bool) -> None:
         flow.block()
 
 
+def _cell(value) -> str:
+    return '-' if value is None else str(value)
+
+
 def list_models(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog='python -m clipserve models',
@@ -66,9 +70,9 @@ def list_models(argv: list[str]) -> None:
             r.name,
             r.family,
             r.tokenizer,
-            str(r.context_length),
-            str(r.embed_dim),
-            str(r.image_size),
+            _cell(r.context_length),
+            _cell(r.embed_dim),
+            _cell(r.image_size),
             r.resize_mode,
             r.backends,
         )
@@ -81,7 +85,7 @@ def list_models(argv: list[str]) -> None:
         f'\n{len(rows)} models; any open_clip architecture also takes ::random (seeded random weights), a '
         'checkpoint file (arch::/path/weights.safetensors) or a folder (local-dir:/path); M-CLIP names a folder '
         "of its repository's files (M-CLIP/<model>::/path), CN-CLIP a checkpoint (CN-CLIP/<model>::/path/x.pt) "
-        'or ::random'
+        'or ::random; transformers checkpoints of the listed types: transformers:<hub id> or transformers:/folder'
     )
     print('legacy aliases: ' + ', '.join(f'{k} -> {v}' for k, v in LEGACY_ALIASES.items()))
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import open_clip
 
-from clipserve.models import cnclip, mclip, registry
+from clipserve.models import cnclip, hf_checkpoints, mclip, registry
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
 
@@ -56,9 +56,9 @@ class ModelFacts:
     name: str
     family: str
     tokenizer: str
-    context_length: int
-    embed_dim: int
-    image_size: int
+    context_length: int | None  # None: the checkpoint's own (transformers model types)
+    embed_dim: int | None
+    image_size: int | None
     resize_mode: str
     backends: str  # comma separated, or 'none: <why>'
 
@@ -122,16 +122,34 @@ def clip_as_service_facts() -> list[ModelFacts]:
     return rows
 
 
+def transformers_facts() -> list[ModelFacts]:
+    """One row per transformers model type served (`transformers:<hub id or folder>`): the sizes are the
+    checkpoint's own, so they read None here."""
+    return [
+        ModelFacts(
+            name=f'transformers:<{kind} checkpoint>',
+            family='transformers',
+            tokenizer='its tokenizer.json',
+            context_length=None,
+            embed_dim=None,
+            image_size=None,
+            resize_mode="its processor's",
+            backends=', '.join(BACKENDS),
+        )
+        for kind in hf_checkpoints.MODEL_TYPES
+    ]
+
+
 def catalogue(include_random: bool = False) -> list[ModelFacts]:
     """One row per architecture and pretrained tag (and `::random` per architecture when asked), then
-    clip-as-service's M-CLIP and CN-CLIP models."""
+    clip-as-service's M-CLIP and CN-CLIP models, then the transformers model types."""
     rows = []
     for arch in registry.known_architectures():
         tags = list(open_clip.list_pretrained_tags_by_model(arch))
         if include_random or not tags:
             tags.append('random')
         rows += [facts(arch, tag) for tag in tags]
-    return rows + clip_as_service_facts()
+    return rows + clip_as_service_facts() + transformers_facts()
 
 
 def as_dicts(rows: list[ModelFacts]) -> list[dict]:
