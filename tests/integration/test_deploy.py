@@ -518,13 +518,16 @@ def _env_pairs(text):
 
 
 @pytest.mark.slow
-def test_dockerfile_recipe_serves_without_docker(tmp_path):
+def test_dockerfile_recipe_serves_without_docker(tmp_path, tiny_backend):
     """The cpu-onnx variant, built the Dockerfile's way with no Docker engine: its install script (pip,
     from PyPI), its COPY layout, its ENV, then its ENTRYPOINT + CMD and its HEALTHCHECK command; and
     `jina executor --uses config.yml`, which is what the Kubernetes and compose exports run in it.
+    This is also the test that an install with only the `onnx` extra (no torch: the recipe checks it)
+    serves an exported model with the torch backend's embeddings.
     Not covered: the base image, the user, the other variants (cpu-torch's index is not reachable here).
     """
     from clipserve.backends.onnx_export import export_onnx
+    from clipserve.models.tokenizer import Tokenizer
 
     stages = dockerfile_stages()
     root, venv = tmp_path / 'root', tmp_path / 'root' / 'opt' / 'venv'
@@ -615,15 +618,20 @@ def test_dockerfile_recipe_serves_without_docker(tmp_path):
             assert processes['flow'].poll() is None, (tmp_path / 'flow.log').read_text()[-3000:]
             assert time.time() < deadline, 'HEALTHCHECK not passing after 180 s'
             time.sleep(1)
+        tokens = Tokenizer()(['hi'])
+        want = tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)[0].tolist()
         check = (
-            'from jina import Client; from docarray import Document, DocumentArray; import sys\n'
-            'for port in sys.argv[1:]:\n'
+            'from jina import Client; from docarray import Document, DocumentArray; import json, sys\n'
+            'import numpy as np\n'
+            'for port in sys.argv[2:]:\n'
             '    c = Client(host="127.0.0.1", port=int(port))\n'
-            '    assert c.post("/", DocumentArray([Document(text="hi")]))[0].embedding.shape == (64,)\n'
+            '    got = c.post("/", DocumentArray([Document(text="hi")]))[0].embedding\n'
+            '    assert np.abs(got - np.array(json.loads(sys.argv[1]))).max() < 1e-4, got\n'
             '    [info] = c.post("/clipserve/info", return_responses=True)[0].parameters["__results__"].values()\n'
             '    assert info["backend"] == "onnx" and not info["torch_imported"], info\n'
         )
-        result = run([venv / 'bin' / 'python', '-c', check, '51000', executor_port], env=env, timeout=120)
+        command = [venv / 'bin' / 'python', '-c', check, json.dumps(want), '51000', executor_port]
+        result = run(command, env=env, timeout=120)
         assert result.returncode == 0, result.stderr[-3000:] + (tmp_path / 'executor.log').read_text()[-2000:]
     finally:
         for process in processes.values():

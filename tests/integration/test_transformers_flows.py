@@ -1,0 +1,96 @@
+"""transformers checkpoints of each model type (shrunk, tests/model_folders.py) served as
+`transformers:/folder` by the shipped torch and onnx Flows, through clip-client, against transformers' own
+model, tokenizer and PIL image processor on the same folder."""
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from clip_client import Client
+from docarray import Document, DocumentArray
+from PIL import Image
+
+from ..model_folders import TRANSFORMERS_TYPES, transformers_checkpoint
+from .conftest import flow_from_yaml, free_port, make_image, set_port
+
+torch = pytest.importorskip('torch')
+t = pytest.importorskip('transformers')
+
+TEXTS = ['a photo of a cat', 'Café crème — à la carte!', '東京の夜景', ' '.join(['a long caption'] * 40)]
+IMAGES = [make_image(300, 200, seed=1), make_image(90, 401, seed=2, fmt='JPEG')]
+PIL_PROCESSORS = {'siglip': 'SiglipImageProcessorPil', 'chinese_clip': 'ChineseCLIPImageProcessorPil'}
+
+
+@pytest.fixture(scope='module', params=TRANSFORMERS_TYPES)
+def served(request, tmp_path_factory):
+    from clipserve.backends.onnx_export import export_onnx
+
+    tmp = tmp_path_factory.mktemp(request.param)
+    folder = transformers_checkpoint(tmp / request.param, request.param)
+    name = f'transformers:{folder}'
+    exported = tmp / 'onnx'
+    export_onnx(name, exported)
+    ports = {'torch': free_port(), 'onnx': free_port()}
+    flows = tmp / 'flows'
+    flows.mkdir()
+    torch_flow = flow_from_yaml('torch.yml', flows, lambda c: set_port(c, ports['torch']), {'CLIPSERVE_MODEL': name})
+    onnx_flow = flow_from_yaml(
+        'onnx.yml',
+        flows,
+        lambda c: set_port(c, ports['onnx']),
+        {'CLIPSERVE_MODEL': name, 'CLIPSERVE_MODEL_PATH': str(exported)},
+    )
+    with ThreadPoolExecutor(2) as starting:  # both Flows start at once: their processes' imports overlap
+        list(starting.map(lambda flow: flow.start(), (torch_flow, onnx_flow)))
+    try:
+        yield request.param, folder, ports
+    finally:
+        torch_flow.close()
+        onnx_flow.close()
+
+
+def _reference(kind, folder, texts, images):
+    model = t.AutoModel.from_pretrained(str(folder)).eval()
+    tokenizer = t.AutoTokenizer.from_pretrained(str(folder))
+    processor = getattr(t, PIL_PROCESSORS.get(kind, 'CLIPImageProcessorPil')).from_pretrained(str(folder))
+    context = 16 if kind == 'siglip' else (52 if kind == 'chinese_clip' else 77 + (kind == 'altclip'))
+    padding = 'max_length' if kind == 'siglip' else True
+    tokens = tokenizer(texts, padding=padding, truncation=True, max_length=context, return_tensors='pt')
+    pixels = processor([Image.open(io.BytesIO(b)) for b in images], return_tensors='pt')['pixel_values']
+    with torch.no_grad():
+        return (
+            model.get_text_features(**tokens).pooler_output.numpy(),
+            model.get_image_features(pixel_values=pixels).pooler_output.numpy(),
+        )
+
+
+def test_both_flows_equal_transformers_through_clip_client(served):
+    kind, folder, ports = served
+    want_texts, want_images = _reference(kind, folder, TEXTS, IMAGES)
+    for backend, tolerance in (('torch', 1e-5), ('onnx', 1e-4)):
+        client = Client(f'grpc://127.0.0.1:{ports[backend]}')
+        texts = client.encode(TEXTS)
+        images = client.encode(DocumentArray([Document(blob=data) for data in IMAGES])).embeddings
+        text_diff, image_diff = np.abs(texts - want_texts).max(), np.abs(images - want_images).max()
+        print(f'\n{kind} {backend} flow vs transformers: texts {text_diff:.2e}, images {image_diff:.2e}')
+        assert texts.shape == want_texts.shape and images.shape == want_images.shape
+        assert text_diff <= tolerance and image_diff <= tolerance
+
+
+def test_rank_scores_as_clip_as_service_on_both_flows(served):
+    kind, folder, ports = served
+    candidates = TEXTS[:3]
+    texts, images = _reference(kind, folder, candidates, IMAGES[:1])
+    query = images[0]
+    cosine = texts @ query / (np.linalg.norm(texts, axis=1) * np.linalg.norm(query))
+    softmax = np.exp(100 * cosine - (100 * cosine).max())
+    softmax /= softmax.sum()
+    for backend, tolerance in (('torch', 1e-4), ('onnx', 1e-3)):
+        doc = Document(blob=IMAGES[0], matches=[Document(text=c) for c in candidates])
+        ranked = Client(f'grpc://127.0.0.1:{ports[backend]}').rank(DocumentArray([doc]))[0].matches
+        for match in ranked:
+            i = candidates.index(match.text)
+            assert abs(match.scores['clip_score'].value - softmax[i]) <= tolerance
+            assert abs(match.scores['clip_score_cosine'].value - cosine[i]) <= tolerance
+        assert [m.text for m in ranked] == [candidates[i] for i in np.argsort(-softmax, kind='stable')]
