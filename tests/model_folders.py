@@ -416,3 +416,65 @@ def transformers_checkpoint(folder: Path, kind: str) -> Path:
 
 
 TRANSFORMERS_TYPES = ('clip', 'metaclip_2', 'siglip', 'chinese_clip', 'altclip')
+
+
+REMOTE_MODEL_CODE = '''"""A tiny CLIP-like model shipped as code with its checkpoint (written by clipserve's tests)."""
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+class TinyRemoteConfig(PretrainedConfig):
+    model_type = 'tiny_remote_clip'
+
+    def __init__(self, vocab_size=400, width=32, projection_dim=64, patch_size=8, matryoshka_dimensions=None, **kw):
+        super().__init__(**kw)
+        self.vocab_size, self.width, self.projection_dim = vocab_size, width, projection_dim
+        self.patch_size, self.matryoshka_dimensions = patch_size, matryoshka_dimensions
+
+
+class TinyRemoteCLIP(PreTrainedModel):
+    config_class = TinyRemoteConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = torch.nn.Embedding(config.vocab_size, config.width)
+        self.text_proj = torch.nn.Linear(config.width, config.projection_dim)
+        self.patch = torch.nn.Conv2d(3, config.width, config.patch_size, config.patch_size)
+        self.image_proj = torch.nn.Linear(config.width, config.projection_dim)
+        self.post_init()
+
+    def get_text_features(self, input_ids, attention_mask=None):
+        x = self.embed(input_ids)
+        mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask).unsqueeze(-1).to(x.dtype)
+        return self.text_proj((x * mask).sum(1) / mask.sum(1))
+
+    def get_image_features(self, pixel_values):
+        return self.image_proj(self.patch(pixel_values).flatten(2).mean(-1))
+'''
+
+
+def remote_code_checkpoint(folder: Path) -> Path:
+    """A checkpoint with its own model code (config.json's auto_map -> modeling_tiny.py beside it), Matryoshka-
+    trained for 16, 32 and 64 dimensions, as Jina CLIP v2 and other remote-code models ship."""
+    import importlib.util
+
+    import torch
+    from transformers import CLIPImageProcessorPil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    code = folder / 'modeling_tiny.py'
+    code.write_text(REMOTE_MODEL_CODE)
+    spec = importlib.util.spec_from_file_location('clipserve_tests_modeling_tiny', code)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    vocab = xlmr_tokenizer(folder)
+    _tokenizer_config(folder, model_max_length=32)
+    config = module.TinyRemoteConfig(vocab_size=vocab, matryoshka_dimensions=[16, 32, 64])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        module.TinyRemoteCLIP(config).save_pretrained(folder)
+    saved = json.loads((folder / 'config.json').read_text())
+    saved['auto_map'] = {'AutoConfig': 'modeling_tiny.TinyRemoteConfig', 'AutoModel': 'modeling_tiny.TinyRemoteCLIP'}
+    (folder / 'config.json').write_text(json.dumps(saved))
+    CLIPImageProcessorPil(size={'shortest_edge': 32}, crop_size={'height': 32, 'width': 32}).save_pretrained(folder)
+    return folder

@@ -106,13 +106,20 @@ def export(argv: list[str]) -> None:
     )
     parser.add_argument('--external-data', action='store_true', help=argparse.SUPPRESS)  # the default now
     parser.add_argument('--cache', action='store_true', help=argparse.SUPPRESS)  # atomic write, used by the server
+    parser.add_argument(
+        '--trust-remote-code',
+        action='store_true',
+        help='a transformers checkpoint with its own model code: run that code (read it first)',
+    )
+    parser.add_argument('--truncate-dim', type=int, help='a Matryoshka-trained checkpoint: keep the first N dimensions')
     args = parser.parse_args(argv)
     from clipserve.backends.onnx_export import export_onnx, export_to_cache
 
+    load = {'trust_remote_code': args.trust_remote_code, 'truncate_dim': args.truncate_dim}
     if args.cache:
-        export_to_cache(args.name, Path(args.out_dir), opset=args.opset)
+        export_to_cache(args.name, Path(args.out_dir), opset=args.opset, **load)
         return
-    metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=not args.inline)
+    metadata = export_onnx(args.name, args.out_dir, opset=args.opset, external_data=not args.inline, **load)
     for tower, diff in metadata.max_abs_diff.items():
         print(f'{tower}.onnx: max |onnxruntime - torch| = {diff:.2e}')
     print(f'wrote {args.out_dir}: {metadata.model}, {metadata.embed_dim}-d, opset {metadata.opset}')

@@ -67,6 +67,8 @@ class CLIPExecutorBase(Executor):
         batch_wait_ms: float = 5.0,
         traversal_paths: str | None = None,
         shutdown_grace: float | None = None,
+        trust_remote_code: bool = False,
+        truncate_dim: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -94,6 +96,8 @@ class CLIPExecutorBase(Executor):
             batch_wait_ms=batch_wait_ms,
             traversal_paths=traversal_paths,
             shutdown_grace=shutdown_grace,
+            trust_remote_code=trust_remote_code,
+            truncate_dim=truncate_dim,
         )
         for warning in settings.warnings:
             self.logger.warning(warning)
@@ -111,7 +115,13 @@ class CLIPExecutorBase(Executor):
         self.backend = create_backend(
             settings.backend,
             settings.model,
-            BackendOptions(device=settings.device, dtype=settings.dtype, num_threads=thread_budget(replicas)),
+            BackendOptions(
+                device=settings.device,
+                dtype=settings.dtype,
+                num_threads=thread_budget(replicas),
+                trust_remote_code=settings.trust_remote_code,
+                truncate_dim=settings.truncate_dim,
+            ),
             model_path=settings.model_path,
             max_batch=settings.minibatch_size,
         )

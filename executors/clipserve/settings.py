@@ -39,6 +39,8 @@ class ExecutorSettings:
     batch_requests: bool | None  # None: on when the executor runs with allow_concurrent
     batch_wait_seconds: float
     shutdown_grace: float
+    trust_remote_code: bool = False  # transformers checkpoints: run model code shipped with them
+    truncate_dim: int | None = None  # Matryoshka-trained transformers checkpoints: keep the first N dimensions
     warnings: tuple[str, ...] = ()  # deprecated arguments used, for the executor's log
 
 
@@ -78,6 +80,8 @@ def executor_settings(
     batch_wait_ms=5.0,
     traversal_paths=None,
     shutdown_grace=None,
+    trust_remote_code=False,
+    truncate_dim=None,
 ) -> ExecutorSettings:
     """The checked settings from CLIPExecutorBase's arguments (the same names and defaults)."""
     backend = env_or_default(backend, 'torch')
@@ -122,5 +126,7 @@ def executor_settings(
         batch_requests=None if batch_requests in (None, '') else check_bool('batch_requests', batch_requests),
         batch_wait_seconds=batch_wait_seconds,
         shutdown_grace=shutdown_seconds(env_or_default(shutdown_grace, None)),
+        trust_remote_code=check_bool('trust_remote_code', env_or_default(trust_remote_code, False)),
+        truncate_dim=None if env_or_default(truncate_dim, None) is None else check_int('truncate_dim', truncate_dim),
         warnings=tuple(warnings),
     )

@@ -94,3 +94,27 @@ def test_rank_scores_as_clip_as_service_on_both_flows(served):
             assert abs(match.scores['clip_score'].value - softmax[i]) <= tolerance
             assert abs(match.scores['clip_score_cosine'].value - cosine[i]) <= tolerance
         assert [m.text for m in ranked] == [candidates[i] for i in np.argsort(-softmax, kind='stable')]
+
+
+def test_remote_code_serves_through_a_flow_only_with_the_executor_opt_in(tmp_path):
+    """The executor arguments reach the model: refused without trust_remote_code (the executor does not
+    start), served with it, truncated to a trained Matryoshka size."""
+    from jina import Flow
+
+    from clipserve import CLIPEncoder
+    from clipserve.backends import BackendOptions, create_backend
+    from clipserve.errors import UnknownModelError
+
+    from ..model_folders import remote_code_checkpoint
+
+    name = f'transformers:{remote_code_checkpoint(tmp_path / "remote")}'
+    with pytest.raises(UnknownModelError, match='trust_remote_code: true'):
+        CLIPEncoder(name=name)
+    texts = ['a photo of a cat', 'two dogs in the snow']
+    reference = create_backend('torch', name, BackendOptions(device='cpu', trust_remote_code=True, truncate_dim=16))
+    tokens = reference.tokenizer(texts)
+    want = reference.encode_texts(tokens.input_ids, tokens.attention_mask)
+    flow = Flow().add(uses=CLIPEncoder, uses_with={'name': name, 'trust_remote_code': True, 'truncate_dim': 16})
+    with flow:
+        got = Client(f'grpc://127.0.0.1:{flow.port}').encode(texts)
+    assert got.shape == (2, 16) and np.abs(got - want).max() <= 1e-6

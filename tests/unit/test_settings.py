@@ -92,3 +92,14 @@ def test_the_model_name_is_parsed_once_and_a_bad_one_is_an_error_before_any_load
     assert parse_model_name(settings.model) is settings.model  # passed down, not parsed again
     with pytest.raises(InvalidParameterError, match='name'):
         executor_settings(name='::openai')
+
+
+def test_the_loading_opt_ins_are_off_unless_given():
+    plain = executor_settings(trust_remote_code='$CLIPSERVE_TRUST_REMOTE_CODE', truncate_dim='$CLIPSERVE_TRUNCATE_DIM')
+    assert plain.trust_remote_code is False and plain.truncate_dim is None
+    given = executor_settings(trust_remote_code='true', truncate_dim='256')
+    assert given.trust_remote_code is True and given.truncate_dim == 256
+    with pytest.raises(InvalidParameterError, match='trust_remote_code'):
+        executor_settings(trust_remote_code='yes please')
+    with pytest.raises(InvalidParameterError, match='truncate_dim'):
+        executor_settings(truncate_dim=0)

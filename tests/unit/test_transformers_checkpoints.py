@@ -140,3 +140,68 @@ def test_missing_files_offline_hub_ids_and_the_missing_extra(checkpoints, tmp_pa
     monkeypatch.setitem(sys.modules, 'transformers', None)
     with pytest.raises(BackendUnavailableError, match=r'clipserve\[transformers\]'):
         create_backend('torch', f'transformers:{checkpoints["clip"]}', BackendOptions(device='cpu'))
+
+
+# ---- a checkpoint with its own code: only with the operator's opt-in ------------------------------
+
+
+@pytest.fixture(scope='module')
+def remote(tmp_path_factory):
+    from ..model_folders import remote_code_checkpoint
+
+    return remote_code_checkpoint(tmp_path_factory.mktemp('remote') / 'tiny-remote')
+
+
+def test_shipped_code_is_refused_without_the_opt_in_and_names_its_files(remote):
+    with pytest.raises(UnknownModelError, match=r'its own code .*modeling_tiny\.py.*trust_remote_code: true'):
+        create_backend('torch', f'transformers:{remote}', BackendOptions(device='cpu'))
+    with pytest.raises(UnknownModelError, match='trust_remote_code'):
+        from clipserve.backends.onnx_export import export_onnx
+
+        export_onnx(f'transformers:{remote}', remote.parent / 'refused')
+    assert not (remote.parent / 'refused' / 'visual.onnx').exists()
+
+
+def test_with_the_opt_in_the_models_own_features_serve_and_its_files_are_logged(remote, caplog):
+    import hashlib
+
+    with caplog.at_level('WARNING', logger='clipserve.models.hf_checkpoints'):
+        backend = create_backend(
+            'torch', f'transformers:{remote}', BackendOptions(device='cpu', trust_remote_code=True)
+        )
+    digest = hashlib.sha256((remote / 'modeling_tiny.py').read_bytes()).hexdigest()
+    assert f'modeling_tiny.py sha256={digest}' in caplog.text
+    model = t.AutoModel.from_pretrained(str(remote), trust_remote_code=True).eval()
+    tokens = backend.tokenizer(TEXTS)
+    pixels = np.stack([preprocess_image(image, backend.preprocess) for image in _images()])
+    with torch.no_grad():
+        texts = model.get_text_features(torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask))
+        images = model.get_image_features(torch.from_numpy(pixels))
+    assert not backend.trims_padding  # clipserve cannot know how such a model pools
+    assert np.abs(backend.encode_texts(tokens.input_ids, tokens.attention_mask) - texts.numpy()).max() <= 1e-6
+    assert np.abs(backend.encode_images(pixels) - images.numpy()).max() <= 1e-6
+
+
+def test_matryoshka_truncation_only_to_the_trained_sizes_and_into_the_onnx_export(remote, tmp_path):
+    from clipserve.backends.onnx_export import export_onnx
+
+    full = create_backend('torch', f'transformers:{remote}', BackendOptions(device='cpu', trust_remote_code=True))
+    options = BackendOptions(device='cpu', trust_remote_code=True, truncate_dim=32)
+    cut = create_backend('torch', f'transformers:{remote}', options)
+    tokens = full.tokenizer(TEXTS)
+    want = full.encode_texts(tokens.input_ids, tokens.attention_mask)[:, :32]
+    assert cut.embed_dim == 32 and np.abs(cut.encode_texts(tokens.input_ids, tokens.attention_mask) - want).max() == 0
+    export_onnx(f'transformers:{remote}', tmp_path / 'onnx', trust_remote_code=True, truncate_dim=32)
+    onnx = create_backend('onnx', None, BackendOptions(device='cpu'), model_path=str(tmp_path / 'onnx'))
+    assert (
+        onnx.embed_dim == 32 and np.abs(onnx.encode_texts(tokens.input_ids, tokens.attention_mask) - want).max() <= 1e-5
+    )
+    with pytest.raises(UnknownModelError, match='trained for truncation to 16, 32, 64'):
+        resolve(parse_model_name(f'transformers:{remote}'), trust_remote_code=True, truncate_dim=20)
+
+
+def test_truncation_is_refused_for_models_not_trained_for_it(checkpoints):
+    with pytest.raises(UnknownModelError, match='no size'):
+        resolve(parse_model_name(f'transformers:{checkpoints["clip"]}'), truncate_dim=32)
+    with pytest.raises(UnknownModelError, match='not trained to be truncated'):
+        resolve(parse_model_name('clipserve-tiny::random'), truncate_dim=32)

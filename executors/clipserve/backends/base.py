@@ -20,6 +20,9 @@ class BackendOptions:
     device: str | None = None  # 'cpu', 'cuda', 'cuda:1'; None = cuda when present, else cpu
     dtype: str | None = None  # 'fp32', 'fp16', 'bf16'; None = fp32 on cpu, fp16 on cuda
     num_threads: int | None = None  # CPU threads for this replica; None = leave the runtime's default
+    # how the model may be loaded (transformers checkpoints only; the operator's opt-ins):
+    trust_remote_code: bool = False  # run model code shipped with the checkpoint
+    truncate_dim: int | None = None  # Matryoshka-trained models: keep the first N dimensions
 
 
 class Backend(ABC):

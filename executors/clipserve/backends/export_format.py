@@ -144,10 +144,19 @@ def missing_files(folder: Path, files=GRAPH_FILES) -> list[str]:
     return [f for f in files if not (folder / f).is_file()]
 
 
-def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
-    """Where the export of `name` is cached: keyed by model, export settings and, for files, their identity."""
+def load_flags(trust_remote_code: bool = False, truncate_dim: int | None = None) -> list[str]:
+    """The exporter's command-line flags for the model-loading opt-ins (`python -m clipserve export onnx`)."""
+    flags = ['--trust-remote-code'] if trust_remote_code else []
+    return flags + (['--truncate-dim', str(int(truncate_dim))] if truncate_dim is not None else [])
+
+
+def export_cache_dir(
+    name: str, opset: int = DEFAULT_OPSET, trust_remote_code: bool = False, truncate_dim: int | None = None
+) -> Path:
+    """Where the export of `name` is cached: keyed by model, export settings, loading opt-ins and, for
+    files, their identity."""
     parsed = parse_model_name(name)
-    key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}'
+    key = f'{parsed}|opset={opset}|format={EXPORT_FORMAT}|{" ".join(load_flags(trust_remote_code, truncate_dim))}'
     files = [parsed.checkpoint_path, parsed.config_path]
     # a local-dir folder, or an M-CLIP name's folder of files: the identity of each file in it
     for folder in (parsed.local_dir, parsed.checkpoint_path):
@@ -162,11 +171,11 @@ def export_cache_dir(name: str, opset: int = DEFAULT_OPSET) -> Path:
     return cache_dir() / 'onnx' / f'{readable}-{hashlib.sha256(key.encode()).hexdigest()[:12]}'
 
 
-def export_in_subprocess(name: str, target: Path) -> None:
+def export_in_subprocess(name: str, target: Path, flags: list[str] | None = None) -> None:
     """Run the exporter in another interpreter, so that this serving process never imports torch."""
     logger.info('exporting %s to ONNX into %s (first use; later starts load the cached files)', name, target)
     result = subprocess.run(
-        [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', name, str(target)],
+        [sys.executable, '-m', 'clipserve', 'export', 'onnx', '--cache', *(flags or []), name, str(target)],
         capture_output=True,
         text=True,
     )
@@ -179,9 +188,9 @@ def export_in_subprocess(name: str, target: Path) -> None:
         raise WeightsUnavailableError(f'exporting {name} to ONNX failed:\n{result.stderr[-4000:]}')
 
 
-def cached_export(name: str) -> Path:
+def cached_export(name: str, trust_remote_code: bool = False, truncate_dim: int | None = None) -> Path:
     """The cached export of model `name`, exported on first use."""
-    target = export_cache_dir(name)
+    target = export_cache_dir(name, trust_remote_code=trust_remote_code, truncate_dim=truncate_dim)
     if not has_metadata(target):
-        export_in_subprocess(str(parse_model_name(name)), target)
+        export_in_subprocess(str(parse_model_name(name)), target, load_flags(trust_remote_code, truncate_dim))
     return target

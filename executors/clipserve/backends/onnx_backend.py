@@ -60,7 +60,7 @@ class OnnxBackend(Backend):
         super().__init__()
         self.device = self._pick_device(options.device)
         self.dtype = resolve_dtype('onnx', self.device, options.dtype)
-        folder = self._locate(model, model_path)
+        folder = self._locate(model, model_path, options)
         self.folder = folder
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -106,7 +106,7 @@ class OnnxBackend(Backend):
             )
         return str(parsed)
 
-    def _locate(self, model: str | None, model_path: str | None) -> Path:
+    def _locate(self, model: str | None, model_path: str | None, options: BackendOptions) -> Path:
         if model_path:
             folder = Path(model_path).expanduser()
             missing = missing_files(folder)
@@ -117,7 +117,7 @@ class OnnxBackend(Backend):
                     'write one with `python -m clipserve export onnx NAME DIR`'
                 )
             return folder
-        return cached_export(model)
+        return cached_export(model, options.trust_remote_code, options.truncate_dim)
 
     def _metadata(self, folder: Path, model: str | None) -> ExportMetadata:
         if has_metadata(folder):

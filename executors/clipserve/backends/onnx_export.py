@@ -102,14 +102,22 @@ def _export(module, args, path: Path, input_names, output_name, dynamic_axes, op
 
 
 def export_onnx(
-    name: str, out_dir: str | os.PathLike, opset: int = DEFAULT_OPSET, verify: bool = True, external_data: bool = True
+    name: str,
+    out_dir: str | os.PathLike,
+    opset: int = DEFAULT_OPSET,
+    verify: bool = True,
+    external_data: bool = True,
+    trust_remote_code: bool = False,
+    truncate_dim: int | None = None,
 ) -> ExportMetadata:
     """Export `name` to `out_dir`; returns the metadata written to clipserve.json.
 
     `external_data`: keep weights in `<graph>.onnx.data` files (False: one self-contained file per
     tower, as clip-as-service shipped them; only possible below 2 GB, and costlier to load).
+    `trust_remote_code`, `truncate_dim`: the loading opt-ins of transformers checkpoints (the graphs
+    then hold the checkpoint's own code, truncation included).
     """
-    resolved = resolve(parse_model_name(name))
+    resolved = resolve(parse_model_name(name), trust_remote_code, truncate_dim)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(resolved, device='cpu', precision='fp32')
@@ -213,11 +221,11 @@ def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module, toke
     return diffs
 
 
-def export_to_cache(name: str, target: Path, opset: int = DEFAULT_OPSET) -> Path:
+def export_to_cache(name: str, target: Path, opset: int = DEFAULT_OPSET, **load) -> Path:
     """Export into `target` atomically (a temporary sibling directory renamed into place)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix='.export-') as tmp:
-        export_onnx(name, tmp, opset=opset)
+        export_onnx(name, tmp, opset=opset, **load)
         try:
             os.rename(tmp, target)
         except OSError:

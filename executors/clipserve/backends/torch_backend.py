@@ -42,7 +42,7 @@ class TorchBackend(Backend):
         self.dtype = resolve_dtype('torch', self.device, options.dtype)
         if options.num_threads and self.device == 'cpu':
             torch.set_num_threads(options.num_threads)
-        resolved = resolve(parse_model_name(model))
+        resolved = resolve(parse_model_name(model), options.trust_remote_code, options.truncate_dim)
         self.model_name = str(resolved.name)
         self.embed_dim = resolved.embed_dim
         self.context_length = resolved.context_length

@@ -9,12 +9,19 @@ images are preprocessed as the folder's processor does it with PIL (resize, cent
 transformers' offsets, rescale, normalise). SigLIP pools at the last position, so its texts are
 padded to exactly their length; the others attend to unmasked tokens only, so batches are trimmed.
 
-Loading never runs code shipped with a checkpoint (`trust_remote_code` stays off).
+A checkpoint that ships its own model code (config.json's `auto_map`, Jina CLIP v2 for one) is refused
+unless the operator opts in (`trust_remote_code`): that code is arbitrary Python from the checkpoint's
+authors, run with the server's rights. With the opt-in, the start logs each code file with its sha256,
+the model's own `get_text_features` / `get_image_features` give the embeddings, and its texts are never
+trimmed (clipserve cannot know how the model pools). `truncate_dim` keeps the first N dimensions of a
+model trained for it (config.json's `matryoshka_dimensions`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +34,8 @@ from clipserve.models.hub import HubFileUnavailable, hub_snapshot
 from clipserve.models.names import TRANSFORMERS_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
+
+logger = logging.getLogger(__name__)
 
 CONFIG_FILE = 'config.json'
 PROCESSOR_FILE = 'preprocessor_config.json'
@@ -66,6 +75,8 @@ MODEL_TYPES = {
         fixed_length=True,
     ),
 }
+# what a checkpoint without a known type (one with its own code) is preprocessed and padded as
+_REMOTE_CODE = ModelType(_CLIP_PROCESSOR, fixed_length=True)
 # PIL's resampling codes, as preprocessor_config.json writes them
 _RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic', 4: 'box', 5: 'hamming'}
 
@@ -102,24 +113,41 @@ def checkpoint_folder(name: ModelName) -> Path:
         ) from e
 
 
-def model_type(folder: Path) -> str:
-    kind = _read_json(folder / CONFIG_FILE).get('model_type')
-    if kind not in MODEL_TYPES:
-        if _read_json(folder / CONFIG_FILE).get('auto_map'):
+def code_files(folder: Path) -> dict[str, str]:
+    """The Python files a checkpoint ships (its own model code), with their sha256."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob('*.py'))}
+
+
+def model_type(folder: Path, trust_remote_code: bool = False) -> str:
+    """The checkpoint's model_type, if clipserve serves it; a checkpoint with its own code only when allowed."""
+    config = _read_json(folder / CONFIG_FILE)
+    kind = config.get('model_type')
+    if config.get('auto_map'):
+        if not trust_remote_code:
+            files = ', '.join(code_files(folder)) or 'none in the folder'
             raise UnknownModelError(
-                f'{str(folder)!r} is a model with its own code (config.json has an auto_map); clipserve does '
-                'not run code shipped with a checkpoint'
+                f'{str(folder)!r} is a model with its own code (config.json has an auto_map; files: {files}). '
+                'clipserve does not run code shipped with a checkpoint unless the operator allows it with '
+                'trust_remote_code: true (executor argument; --trust-remote-code for the exporter): that code '
+                "runs with the server's rights, so read it first"
             )
+        return str(kind or 'remote-code')
+    if kind not in MODEL_TYPES:
         raise UnknownModelError(
             f'{str(folder)!r} has model_type {kind!r}; clipserve serves transformers checkpoints of the types '
-            f'{", ".join(MODEL_TYPES)} (`python -m clipserve models --family transformers`)'
+            f'{", ".join(MODEL_TYPES)} (`python -m clipserve models --family transformers`), and models with '
+            'their own code when allowed (trust_remote_code)'
         )
     return kind
 
 
+def _model_type_facts(kind: str) -> ModelType:
+    return MODEL_TYPES.get(kind, _REMOTE_CODE)
+
+
 def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
     """The folder's image processor as clipserve's preprocessing (refused where it cannot be reproduced)."""
-    cfg = {**MODEL_TYPES[kind].processor, **_read_json(folder / PROCESSOR_FILE)}
+    cfg = {**_model_type_facts(kind).processor, **_read_json(folder / PROCESSOR_FILE)}
     where = str(folder / PROCESSOR_FILE)
     if cfg.get('do_rescale', True) and abs(float(cfg.get('rescale_factor', 1 / 255)) - 1 / 255) > 1e-12:
         raise UnknownModelError(f'{where}: rescale_factor {cfg["rescale_factor"]} is not supported (only 1/255)')
@@ -157,29 +185,48 @@ def text_facts(folder: Path, kind: str) -> tuple[int, list[str]]:
     """(context length, the inputs the tokenizer gives the model)."""
     config = _read_json(folder / CONFIG_FILE)
     positions = int((config.get('text_config') or {}).get('max_position_embeddings') or 77)
-    positions -= MODEL_TYPES[kind].position_offset
+    positions -= _model_type_facts(kind).position_offset
     tokenizer = _read_json(folder / 'tokenizer_config.json')
     context = min(int(tokenizer.get('model_max_length') or positions), positions)
     inputs = list(tokenizer.get('model_input_names') or ['input_ids', 'attention_mask'])
     return context, inputs
 
 
-def resolve(name: ModelName):
+def _truncation(folder: Path, config: dict, truncate_dim: int | None, embed_dim: int) -> int:
+    if truncate_dim is None:
+        return embed_dim
+    trained = config.get('matryoshka_dimensions') or []
+    if int(truncate_dim) not in [int(d) for d in trained]:
+        raise UnknownModelError(
+            f'truncate_dim {truncate_dim}: {str(folder)!r} is trained for truncation to '
+            f'{", ".join(map(str, trained)) if trained else "no size (config.json has no matryoshka_dimensions)"}'
+        )
+    return int(truncate_dim)
+
+
+def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int | None = None):
     """The checkpoint's facts from its files (a hub checkpoint downloads here, once, into the cache)."""
     from clipserve.models.registry import ResolvedModel
 
     folder = checkpoint_folder(name)
-    kind = model_type(folder)
+    kind = model_type(folder, trust_remote_code)
     config = _read_json(folder / CONFIG_FILE)
     if kind == 'siglip':
         embed_dim = (config.get('text_config') or {}).get('hidden_size', 768)
     else:
         embed_dim = config.get('projection_dim', 512)
+    embed_dim = _truncation(folder, config, truncate_dim, int(embed_dim))
     context, inputs = text_facts(folder, kind)
     return ResolvedModel(
         name=name,
         arch=str(name),
-        model_cfg={'embed_dim': int(embed_dim), 'model_type': kind, 'text_inputs': inputs},
+        model_cfg={
+            'embed_dim': int(embed_dim),
+            'model_type': kind,
+            'text_inputs': inputs,
+            'remote_code': code_files(folder) if config.get('auto_map') else None,
+            'truncate_dim': truncate_dim,
+        },
         pretrained_cfg={},
         quick_gelu=False,
         preprocess=preprocess_config(folder, kind),
@@ -187,7 +234,7 @@ def resolve(name: ModelName):
             tokenizer=HF_TOKENIZER,
             context_length=context,
             clean='none',
-            causal=not MODEL_TYPES[kind].fixed_length,
+            causal=not _model_type_facts(kind).fixed_length,
             hf_tokenizer_name=name.transformers_source,
         ),
         local_dir=folder,
@@ -203,19 +250,22 @@ def _features(output) -> torch.Tensor:
 class TransformersCLIP(torch.nn.Module):
     """A transformers CLIP-family model behind the towers' interface."""
 
-    def __init__(self, model: torch.nn.Module, pass_mask: bool, trims_text: bool):
+    def __init__(self, model: torch.nn.Module, pass_mask: bool, trims_text: bool, keep: int | None = None):
         super().__init__()
         self.model = model
         self.pass_mask = pass_mask
         self.trims_text = trims_text
+        self.keep = keep  # Matryoshka truncation: the first `keep` dimensions
 
     def encode_image(self, pixel_values):
-        return _features(self.model.get_image_features(pixel_values=pixel_values))
+        return _features(self.model.get_image_features(pixel_values=pixel_values))[..., : self.keep]
 
     def encode_text_with_mask(self, input_ids, attention_mask):
         if self.pass_mask:
-            return _features(self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask))
-        return _features(self.model.get_text_features(input_ids=input_ids))
+            out = self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
+        else:
+            out = self.model.get_text_features(input_ids=input_ids)
+        return _features(out)[..., : self.keep]
 
 
 def build(resolved, device: str, precision: str) -> torch.nn.Module:
@@ -230,16 +280,30 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
             'model once and serve the ONNX files, which need neither torch nor transformers)'
         ) from e
     folder = resolved.local_dir
+    remote = resolved.model_cfg['remote_code']
+    if remote is not None:
+        logger.warning(
+            'running model code shipped with %s (trust_remote_code is on): %s',
+            folder,
+            ', '.join(f'{name} sha256={digest}' for name, digest in remote.items()) or 'no .py file in the folder',
+        )
     try:
         model = transformers.AutoModel.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=False, dtype=torch.float32
+            str(folder), local_files_only=True, trust_remote_code=remote is not None, dtype=torch.float32
         )
     except (OSError, ValueError, RuntimeError) as e:
         raise WeightsUnavailableError(f'cannot load the checkpoint in {str(folder)!r}: {type(e).__name__}: {e}') from e
     dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[PRECISIONS[precision]]
     kind = resolved.model_cfg['model_type']
+    if not (hasattr(model, 'get_text_features') and hasattr(model, 'get_image_features')):
+        raise UnknownModelError(
+            f'{type(model).__name__} from {str(folder)!r} has no get_text_features / get_image_features'
+        )
     wrapped = TransformersCLIP(
-        model, 'attention_mask' in resolved.model_cfg['text_inputs'], not MODEL_TYPES[kind].fixed_length
+        model,
+        'attention_mask' in resolved.model_cfg['text_inputs'],
+        not _model_type_facts(kind).fixed_length,
+        resolved.model_cfg['truncate_dim'],
     )
     wrapped = wrapped.to(device=device, dtype=dtype).eval()
     for parameter in wrapped.parameters():

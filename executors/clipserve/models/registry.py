@@ -150,8 +150,21 @@ def _resolve_tag(arch: str, name: ModelName) -> dict:
     )
 
 
-def resolve(name: ModelName) -> ResolvedModel:
-    """Check that `name` can be built and gather its config, without loading any weights."""
+def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int | None = None) -> ResolvedModel:
+    """Check that `name` can be built and gather its config, without loading any weights.
+
+    `trust_remote_code` and `truncate_dim` are the operator's opt-ins for transformers checkpoints
+    (models/hf_checkpoints.py); a truncation asked of any other model is refused.
+    """
+    if name.family == TRANSFORMERS_FAMILY:
+        from clipserve.models import hf_checkpoints
+
+        return hf_checkpoints.resolve(name, trust_remote_code=trust_remote_code, truncate_dim=truncate_dim)
+    if truncate_dim is not None:
+        raise UnknownModelError(
+            f'truncate_dim is for Matryoshka-trained transformers checkpoints; {str(name)!r} is not one '
+            '(CLIP embeddings are not trained to be truncated)'
+        )
     if name.family == MCLIP_FAMILY:
         from clipserve.models import mclip
 
@@ -160,10 +173,6 @@ def resolve(name: ModelName) -> ResolvedModel:
         from clipserve.models import cnclip
 
         return cnclip.resolve(name)
-    if name.family == TRANSFORMERS_FAMILY:
-        from clipserve.models import hf_checkpoints
-
-        return hf_checkpoints.resolve(name)
     local_dir = None
     if name.local_dir is not None:
         local_dir, content = _read_local_dir(name)
