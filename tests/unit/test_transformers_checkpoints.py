@@ -105,6 +105,9 @@ def test_unknown_types_and_shipped_code_are_refused(checkpoints, tmp_path):
     unknown = _copy(checkpoints['clip'], tmp_path / 'a', edit_config=lambda c: c.update(model_type='blip'))
     with pytest.raises(UnknownModelError, match="model_type 'blip'.*clip, metaclip_2"):
         resolve(parse_model_name(unknown))
+    naflex = _copy(checkpoints['siglip'], tmp_path / 'c', edit_config=lambda c: c.update(model_type='siglip2'))
+    with pytest.raises(UnknownModelError, match='SigLIP2 NaFlex .*ViT-B-16-SigLIP2::webli'):
+        resolve(parse_model_name(naflex))
     remote = _copy(
         checkpoints['clip'],
         tmp_path / 'b',

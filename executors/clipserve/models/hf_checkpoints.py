@@ -132,6 +132,11 @@ def model_type(folder: Path, trust_remote_code: bool = False) -> str:
                 "runs with the server's rights, so read it first"
             )
         return str(kind or 'remote-code')
+    if kind == 'siglip2':
+        raise UnknownModelError(
+            f'{str(folder)!r} is a SigLIP2 NaFlex checkpoint (variable patches per image), which clipserve does not '
+            "serve yet; open_clip's fixed-resolution SigLIP2 models are (e.g. ViT-B-16-SigLIP2::webli)"
+        )
     if kind not in MODEL_TYPES:
         raise UnknownModelError(
             f'{str(folder)!r} has model_type {kind!r}; clipserve serves transformers checkpoints of the types '
