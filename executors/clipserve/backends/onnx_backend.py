@@ -30,6 +30,7 @@ from clipserve.backends.export_format import (
     read_metadata,
 )
 from clipserve.backends.onnx_fp16 import fp16_copy
+from clipserve.backends.onnx_int8 import int8_copy
 from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 
@@ -132,6 +133,8 @@ class OnnxBackend(Backend):
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':
             path = fp16_copy(path)
+        elif self.dtype == 'int8':
+            path = int8_copy(path)
         try:
             session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
         except Exception as e:

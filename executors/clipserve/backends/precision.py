@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from clipserve.errors import BackendUnavailableError
 
-DTYPES = ('fp32', 'fp16', 'bf16')
+DTYPES = ('fp32', 'fp16', 'bf16')  # what torch computes; onnx adds int8 on CPUs (a quantized copy)
 
 # backend -> device kind -> (default, accepted)
 PRECISIONS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     'torch': {'cpu': ('fp32', DTYPES), 'cuda': ('fp16', DTYPES), 'mps': ('fp16', DTYPES)},
-    'onnx': {'cpu': ('fp32', ('fp32',)), 'cuda': ('fp16', ('fp32', 'fp16'))},
+    'onnx': {'cpu': ('fp32', ('fp32', 'int8')), 'cuda': ('fp16', ('fp32', 'fp16'))},
     'tensorrt': {'cuda': ('fp16', ('fp32', 'fp16'))},
 }
 
 _WHY_NOT = {
     ('onnx', 'cpu', 'fp16'): 'fp16 ONNX models run on CUDA only',
     ('tensorrt', 'cuda', 'bf16'): 'the tensorrt backend builds fp16 or fp32 engines',
+    ('torch', 'cpu', 'int8'): "int8 is the onnx backend's (a dynamically quantized copy of the export)",
+    ('onnx', 'cuda', 'int8'): 'int8 ONNX copies run on CPUs (dynamic quantization); use fp16 on CUDA',
 }
 
 
