@@ -6,16 +6,13 @@ with ViT-B-32's image tower at random weights in the cache where a download woul
 
 import functools
 import io
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
-from clip_client import Client
-from docarray import Document, DocumentArray
 from PIL import Image
 
 from ..model_folders import cache_open_clip_weights, cnclip_checkpoint, mclip_folder, mclip_reference
-from .conftest import flow_from_yaml, free_port, make_image, set_port
+from .conftest import make_image
+from .served_pair import assert_encodings_match, assert_rank_matches, clip_scores, torch_and_onnx_flows
 
 torch = pytest.importorskip('torch')
 open_clip = pytest.importorskip('open_clip')
@@ -80,25 +77,8 @@ def served(request, tmp_path_factory):
         name, encode_texts, encode_images = (_mclip if request.param == 'M-CLIP' else _cnclip)(tmp, cache)
         exported = tmp / 'onnx'
         export_onnx(name, exported)
-        ports = {'torch': free_port(), 'onnx': free_port()}
-        flows = tmp / 'flows'
-        flows.mkdir()
-        torch_flow = flow_from_yaml(
-            'torch.yml', flows, lambda c: set_port(c, ports['torch']), {'CLIPSERVE_MODEL': name}
-        )
-        onnx_flow = flow_from_yaml(
-            'onnx.yml',
-            flows,
-            lambda c: set_port(c, ports['onnx']),
-            {'CLIPSERVE_MODEL': name, 'CLIPSERVE_MODEL_PATH': str(exported)},
-        )
-        with ThreadPoolExecutor(2) as starting:  # both Flows start at once: their processes' imports overlap
-            list(starting.map(lambda flow: flow.start(), (torch_flow, onnx_flow)))
-        try:
+        with torch_and_onnx_flows(name, exported, tmp / 'flows') as ports:
             yield ports, encode_texts, encode_images
-        finally:
-            torch_flow.close()
-            onnx_flow.close()
 
 
 def _reference(encode_texts, encode_images):
@@ -111,14 +91,7 @@ def _reference(encode_texts, encode_images):
 def test_both_flows_equal_the_reference_package_through_clip_client(served):
     ports, encode_texts, encode_images = served
     want_texts, want_images = _reference(encode_texts, encode_images)
-    for backend, tolerance in (('torch', 1e-5), ('onnx', 1e-4)):
-        client = Client(f'grpc://127.0.0.1:{ports[backend]}')
-        texts = client.encode(TEXTS)
-        images = client.encode(DocumentArray([Document(blob=data) for data in IMAGES])).embeddings
-        text_diff, image_diff = np.abs(texts - want_texts).max(), np.abs(images - want_images).max()
-        print(f'\n{backend} flow vs the reference: texts {text_diff:.2e}, images {image_diff:.2e}')
-        assert texts.shape == want_texts.shape and images.shape == want_images.shape
-        assert text_diff <= tolerance and image_diff <= tolerance
+    assert_encodings_match(ports, 'clip-as-service family', TEXTS, IMAGES, want_texts, want_images)
 
 
 def test_rank_on_both_flows_scores_as_clip_as_service(served):
@@ -127,15 +100,4 @@ def test_rank_on_both_flows_scores_as_clip_as_service(served):
     with torch.no_grad():
         query = encode_images([Image.open(io.BytesIO(IMAGES[0])).convert('RGB')]).numpy()[0]
         texts = encode_texts(candidates).numpy()
-    cosine = texts @ query / (np.linalg.norm(texts, axis=1) * np.linalg.norm(query))
-    softmax = np.exp(100 * cosine - (100 * cosine).max())
-    softmax /= softmax.sum()
-    for backend, tolerance in (('torch', 1e-4), ('onnx', 1e-3)):
-        doc = Document(blob=IMAGES[0], matches=[Document(text=t) for t in candidates])
-        ranked = Client(f'grpc://127.0.0.1:{ports[backend]}').rank(DocumentArray([doc]))[0].matches
-        for match in ranked:
-            i = candidates.index(match.text)
-            assert abs(match.scores['clip_score'].value - softmax[i]) <= tolerance
-            assert abs(match.scores['clip_score_cosine'].value - cosine[i]) <= tolerance
-            assert 'siglip_score' not in match.scores
-        assert [m.text for m in ranked] == [candidates[i] for i in np.argsort(-softmax, kind='stable')]
+    assert_rank_matches(ports, IMAGES[0], candidates, *clip_scores(texts, query))

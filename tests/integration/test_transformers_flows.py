@@ -3,16 +3,15 @@
 model, tokenizer and PIL image processor on the same folder."""
 
 import io
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from clip_client import Client
-from docarray import Document, DocumentArray
 from PIL import Image
 
 from ..model_folders import TRANSFORMERS_TYPES, transformers_checkpoint
-from .conftest import flow_from_yaml, free_port, make_image, set_port
+from .conftest import make_image
+from .served_pair import assert_encodings_match, assert_rank_matches, clip_scores, torch_and_onnx_flows
 
 torch = pytest.importorskip('torch')
 t = pytest.importorskip('transformers')
@@ -31,23 +30,8 @@ def served(request, tmp_path_factory):
     name = f'transformers:{folder}'
     exported = tmp / 'onnx'
     export_onnx(name, exported)
-    ports = {'torch': free_port(), 'onnx': free_port()}
-    flows = tmp / 'flows'
-    flows.mkdir()
-    torch_flow = flow_from_yaml('torch.yml', flows, lambda c: set_port(c, ports['torch']), {'CLIPSERVE_MODEL': name})
-    onnx_flow = flow_from_yaml(
-        'onnx.yml',
-        flows,
-        lambda c: set_port(c, ports['onnx']),
-        {'CLIPSERVE_MODEL': name, 'CLIPSERVE_MODEL_PATH': str(exported)},
-    )
-    with ThreadPoolExecutor(2) as starting:  # both Flows start at once: their processes' imports overlap
-        list(starting.map(lambda flow: flow.start(), (torch_flow, onnx_flow)))
-    try:
+    with torch_and_onnx_flows(name, exported, tmp / 'flows') as ports:
         yield request.param, folder, ports
-    finally:
-        torch_flow.close()
-        onnx_flow.close()
 
 
 def _reference(kind, folder, texts, images):
@@ -68,32 +52,14 @@ def _reference(kind, folder, texts, images):
 def test_both_flows_equal_transformers_through_clip_client(served):
     kind, folder, ports = served
     want_texts, want_images = _reference(kind, folder, TEXTS, IMAGES)
-    for backend, tolerance in (('torch', 1e-5), ('onnx', 1e-4)):
-        client = Client(f'grpc://127.0.0.1:{ports[backend]}')
-        texts = client.encode(TEXTS)
-        images = client.encode(DocumentArray([Document(blob=data) for data in IMAGES])).embeddings
-        text_diff, image_diff = np.abs(texts - want_texts).max(), np.abs(images - want_images).max()
-        print(f'\n{kind} {backend} flow vs transformers: texts {text_diff:.2e}, images {image_diff:.2e}')
-        assert texts.shape == want_texts.shape and images.shape == want_images.shape
-        assert text_diff <= tolerance and image_diff <= tolerance
+    assert_encodings_match(ports, kind, TEXTS, IMAGES, want_texts, want_images)
 
 
 def test_rank_scores_as_clip_as_service_on_both_flows(served):
     kind, folder, ports = served
     candidates = TEXTS[:3]
     texts, images = _reference(kind, folder, candidates, IMAGES[:1])
-    query = images[0]
-    cosine = texts @ query / (np.linalg.norm(texts, axis=1) * np.linalg.norm(query))
-    softmax = np.exp(100 * cosine - (100 * cosine).max())
-    softmax /= softmax.sum()
-    for backend, tolerance in (('torch', 1e-4), ('onnx', 1e-3)):
-        doc = Document(blob=IMAGES[0], matches=[Document(text=c) for c in candidates])
-        ranked = Client(f'grpc://127.0.0.1:{ports[backend]}').rank(DocumentArray([doc]))[0].matches
-        for match in ranked:
-            i = candidates.index(match.text)
-            assert abs(match.scores['clip_score'].value - softmax[i]) <= tolerance
-            assert abs(match.scores['clip_score_cosine'].value - cosine[i]) <= tolerance
-        assert [m.text for m in ranked] == [candidates[i] for i in np.argsort(-softmax, kind='stable')]
+    assert_rank_matches(ports, IMAGES[0], candidates, *clip_scores(texts, images[0]))
 
 
 def test_remote_code_serves_through_a_flow_only_with_the_executor_opt_in(tmp_path):

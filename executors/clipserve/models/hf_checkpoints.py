@@ -20,7 +20,6 @@ model trained for it (config.json's `matryoshka_dimensions`).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from clipserve.errors import BackendUnavailableError, UnknownModelError, Weights
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import HubFileUnavailable, hub_snapshot
+from clipserve.models.json_files import read_json_object
 from clipserve.models.names import TRANSFORMERS_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
@@ -82,13 +82,7 @@ _RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic', 4: 'box', 
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError) as e:
-        raise WeightsUnavailableError(f'{str(path)!r} is not readable JSON: {e}') from e
-    return data if isinstance(data, dict) else {}
+    return read_json_object(path, WeightsUnavailableError)
 
 
 def checkpoint_folder(name: ModelName) -> Path:

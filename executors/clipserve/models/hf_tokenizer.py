@@ -11,7 +11,6 @@ the configured pad token and side) around `tokenizer.json`'s own pipeline; so do
 from __future__ import annotations
 
 import html
-import json
 import string
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +18,7 @@ from typing import Sequence
 import ftfy
 import numpy as np
 
+from clipserve.models.json_files import read_json_object
 from clipserve.models.tokenizer import TokenBatch
 
 TOKENIZER_FILE = 'tokenizer.json'
@@ -74,13 +74,7 @@ def _token_content(value) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError) as e:
-        raise TokenizerFilesError(f'{str(path)!r} is not valid JSON: {e}') from e
-    return data if isinstance(data, dict) else {}
+    return read_json_object(path, TokenizerFilesError)
 
 
 class HFTokenizer:

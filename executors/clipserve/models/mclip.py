@@ -18,7 +18,6 @@ preprocessed like any other open_clip model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from clipserve.errors import BackendUnavailableError, UnknownModelError, Weights
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import HubFileUnavailable, cached_file, hub_file, hub_snapshot
+from clipserve.models.json_files import read_json_object
 from clipserve.models.names import MCLIP_FAMILY, ModelName, parse_model_name
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
 
@@ -126,10 +126,7 @@ def text_folder(resolved) -> Path:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding='utf-8'))
-    except (OSError, ValueError) as e:
-        raise WeightsUnavailableError(f'{str(path)!r} is not readable JSON: {e}') from e
+    return read_json_object(path, WeightsUnavailableError, missing_ok=False)
 
 
 def base_config_file(resolved, folder: Path) -> Path:
