@@ -190,15 +190,11 @@ def metaclip2_dir(folder: Path) -> Path:
     return local_dir(folder, {'embed_dim': 64, 'vision_cfg': TINY_VISION, 'text_cfg': text}, {})
 
 
-def xlmr_dir(folder: Path) -> Path:
-    """xlm-roberta-base-ViT-B-32's kind, shrunk: a Hugging Face text tower (transformers' XLM-R, from a
-    config.json the test writes; `hf_model_name` is its folder) with mean pooling and an MLP projection."""
+def tiny_xlmr_config(vocab: int):
+    """transformers' XLM-R config at small widths, with xlmr_tokenizer's special ids (<s> 0, <pad> 1, </s> 2)."""
     from transformers import XLMRobertaConfig
 
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = xlmr_tokenizer(folder)
-    hf_text = folder / 'hf-text'
-    XLMRobertaConfig(
+    return XLMRobertaConfig(
         vocab_size=vocab,
         hidden_size=32,
         num_hidden_layers=2,
@@ -208,7 +204,15 @@ def xlmr_dir(folder: Path) -> Path:
         pad_token_id=1,
         bos_token_id=0,
         eos_token_id=2,
-    ).save_pretrained(hf_text)
+    )
+
+
+def xlmr_dir(folder: Path) -> Path:
+    """xlm-roberta-base-ViT-B-32's kind, shrunk: a Hugging Face text tower (transformers' XLM-R, from a
+    config.json the test writes; `hf_model_name` is its folder) with mean pooling and an MLP projection."""
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_text = folder / 'hf-text'
+    tiny_xlmr_config(xlmr_tokenizer(folder)).save_pretrained(hf_text)
     text = {
         'hf_model_name': str(hf_text),
         'hf_tokenizer_name': 'clipserve-tests/tiny-xlmr',
@@ -277,22 +281,11 @@ def mclip_folder(folder: Path, embed_dim: int = 512) -> Path:
     (modelBase = a tiny XLM-R saved beside it), model.safetensors, and an XLM-R-style tokenizer."""
     import torch
     from multilingual_clip import Config_MCLIP, pt_multilingual_clip
-    from transformers import XLMRobertaConfig, XLMRobertaModel
+    from transformers import XLMRobertaModel
 
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = xlmr_tokenizer(folder)
     base = folder / 'xlm-roberta-tiny'
-    config = XLMRobertaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=80,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-    )
+    config = tiny_xlmr_config(xlmr_tokenizer(folder))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
         XLMRobertaModel(config).save_pretrained(base)
