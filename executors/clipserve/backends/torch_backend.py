@@ -9,13 +9,11 @@ from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
 from clipserve.backends.precision import resolve_dtype
 from clipserve.errors import BackendUnavailableError
-from clipserve.models.loading import build_model, tokenizer_folder
+from clipserve.models.loading import TORCH_DTYPES, build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 from clipserve.models.towers import TextTower, sigmoid_logits
-
-TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 
 
 def pick_device(device: str | None) -> str:

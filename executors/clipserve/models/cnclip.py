@@ -158,7 +158,7 @@ def checkpoint_file(resolved) -> Path:
 
 def build(resolved, device: str, precision: str) -> torch.nn.Module:
     """cn_clip's model with the checkpoint's weights (or seeded random ones), in eval mode."""
-    from clipserve.models.loading import PRECISIONS
+    from clipserve.models.loading import TORCH_DTYPES
 
     clip = _cn_clip()
     model = lookup(resolved.name)
@@ -177,7 +177,7 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
             built = clip.utils.create_model(model.struct, checkpoint)
         except RuntimeError as e:
             raise WeightsUnavailableError(f'the checkpoint does not fit {resolved.name}: {e}') from e
-    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[PRECISIONS[precision]]
+    dtype = TORCH_DTYPES[precision]
     # cn_clip keeps its fp16-converted weights on a GPU and makes them float on a CPU; clipserve's dtype decides
     wrapped = ChineseCLIP(built.float()).to(device=device, dtype=dtype).eval()
     for parameter in wrapped.parameters():

@@ -269,7 +269,7 @@ class TransformersCLIP(torch.nn.Module):
 
 def build(resolved, device: str, precision: str) -> torch.nn.Module:
     """The checkpoint's model, in eval mode on `device` in `precision`; never with remote code."""
-    from clipserve.models.loading import PRECISIONS
+    from clipserve.models.loading import TORCH_DTYPES
 
     try:
         import transformers
@@ -292,7 +292,7 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
         )
     except (OSError, ValueError, RuntimeError) as e:
         raise WeightsUnavailableError(f'cannot load the checkpoint in {str(folder)!r}: {type(e).__name__}: {e}') from e
-    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[PRECISIONS[precision]]
+    dtype = TORCH_DTYPES[precision]
     kind = resolved.model_cfg['model_type']
     if not (hasattr(model, 'get_text_features') and hasattr(model, 'get_image_features')):
         raise UnknownModelError(

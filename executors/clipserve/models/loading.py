@@ -36,6 +36,7 @@ LOCAL_DIR_WEIGHTS = (
     'pytorch_model.bin',
 )
 PRECISIONS = {'fp32': 'fp32', 'fp16': 'fp16', 'bf16': 'bf16'}
+TORCH_DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 
 logger = logging.getLogger(__name__)
 

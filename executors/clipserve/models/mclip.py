@@ -26,7 +26,7 @@ import torch
 from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
-from clipserve.models.hub import HubFileUnavailable, cached_file, hub_file, hub_snapshot
+from clipserve.models.hub import HubFileUnavailable, hub_file, hub_snapshot
 from clipserve.models.json_files import read_json_object
 from clipserve.models.names import MCLIP_FAMILY, ModelName, parse_model_name
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
@@ -138,9 +138,6 @@ def base_config_file(resolved, folder: Path) -> Path:
         raise WeightsUnavailableError(f'{str(folder / CONFIG_FILE)!r} names no modelBase')
     if (Path(base).expanduser() / CONFIG_FILE).is_file():
         return Path(base).expanduser() / CONFIG_FILE
-    found = cached_file(base, CONFIG_FILE)
-    if found:
-        return found
     try:
         return hub_file(base, (CONFIG_FILE,))
     except HubFileUnavailable as e:
@@ -232,7 +229,7 @@ class MultilingualCLIP(torch.nn.Module):
 
 def build(resolved, device: str, precision: str):
     """The pair in eval mode on `device` in `precision`."""
-    from clipserve.models.loading import PRECISIONS, build_model
+    from clipserve.models.loading import TORCH_DTYPES, build_model
 
     text = build_text_tower(resolved, text_folder(resolved))
     image = build_model(resolved.image_model, device=device, precision=precision)
@@ -241,7 +238,7 @@ def build(resolved, device: str, precision: str):
             f'{resolved.name}: the text tower projects to {text.LinearTransformation.out_features} dimensions, '
             f'the image tower {resolved.image_model.name} to {resolved.embed_dim}'
         )
-    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[PRECISIONS[precision]]
+    dtype = TORCH_DTYPES[precision]
     model = MultilingualCLIP(image.visual, text.to(device=device, dtype=dtype)).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
