@@ -11,6 +11,23 @@ os.environ.setdefault('JINA_LOG_LEVEL', 'WARNING')
 # the child (libgomp is not fork-safe), so executors start in fresh interpreters.
 os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
 
+
+def _above_ephemeral_ports() -> int:
+    """The first port above the kernel's range for outgoing connections' source ports. A port handed out
+    below it can be taken, between being chosen and being bound, by any connection's source port (or by
+    a connection to itself while the server is not up yet): the server then never listens, after Jina
+    has already called its pod ready. Seen in CI as a shard refusing every connection."""
+    try:
+        with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+            upper = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 61000
+    return upper + 1 if upper < 64000 else 49153
+
+
+FIRST_FREE_PORT = _above_ephemeral_ports()
+os.environ.setdefault('JINA_RANDOM_PORT_MIN', str(FIRST_FREE_PORT))  # Jina's ports for heads and executors
+
 TINY = 'clipserve-tiny::random'
 
 

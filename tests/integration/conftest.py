@@ -3,6 +3,7 @@
 import base64
 import io
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -11,13 +12,23 @@ import pytest
 import yaml
 from PIL import Image
 
+from ..conftest import FIRST_FREE_PORT
+
 TINY = 'clipserve-tiny::random'
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port above the kernel's ephemeral range (see tests/conftest.py), so no connection's source
+    port takes it before the server binds it."""
+    for _ in range(1000):
+        port = random.randint(FIRST_FREE_PORT, 65535)
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f'no free port in {FIRST_FREE_PORT}-65535')
 
 
 def make_image(width=64, height=48, seed=0, fmt='PNG') -> bytes:
