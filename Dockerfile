@@ -23,11 +23,13 @@ ARG VARIANT=cpu-torch
 FROM ${PYTHON_IMAGE} AS base
 # JINA_OPTOUT_TELEMETRY: unless this variable exists, Jina posts an event to Jina AI's telemetry
 # server whenever a Flow, Executor or Client starts. The image opts out.
+# JINA_RANDOM_PORT_MIN: Jina's ports for the Flow's executors above Linux's ephemeral range (README, Flows).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    JINA_OPTOUT_TELEMETRY=1
+    JINA_OPTOUT_TELEMETRY=1 \
+    JINA_RANDOM_PORT_MIN=61000
 
 # ---- builder: a virtual environment with clipserve and one backend -----------------------------
 FROM base AS builder
