@@ -96,7 +96,9 @@ def checkpoint_folder(name: ModelName) -> Path:
                 f'{CONFIG_FILE}, the weights ({" or ".join(WEIGHTS_FILES[::2])}), {TOKENIZER_FILE} and {PROCESSOR_FILE}'
             )
         return local
-    patterns = [CONFIG_FILE, PROCESSOR_FILE, 'model*.safetensors*', 'pytorch_model.bin', *TOKENIZER_FILES]
+    # *.py: a checkpoint's own model code, run only with trust_remote_code (code in another repository is
+    # not fetched: copy it into a local folder)
+    patterns = [CONFIG_FILE, PROCESSOR_FILE, 'model*.safetensors*', 'pytorch_model.bin', '*.py', *TOKENIZER_FILES]
     try:
         return hub_snapshot(source, patterns, required=CONFIG_FILE)
     except HubFileUnavailable as e:
