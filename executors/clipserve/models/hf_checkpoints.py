@@ -109,6 +109,16 @@ def checkpoint_folder(name: ModelName) -> Path:
         ) from e
 
 
+def tokenizer_folder(resolved) -> Path:
+    """The checkpoint's own folder, which must hold its tokenizer.json."""
+    if not (resolved.local_dir / TOKENIZER_FILE).is_file():
+        raise WeightsUnavailableError(
+            f'{str(resolved.local_dir)!r} has no {TOKENIZER_FILE}: save the tokenizer beside the model '
+            '(tokenizer.save_pretrained(folder)) or copy its tokenizer files there'
+        )
+    return resolved.local_dir
+
+
 def code_files(folder: Path) -> dict[str, str]:
     """The Python files a checkpoint ships (its own model code), with their sha256."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob('*.py'))}

@@ -22,8 +22,8 @@ from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import why_no_download
-from clipserve.models.names import CNCLIP_FAMILY, MCLIP_FAMILY, OPEN_CLIP_FAMILY, TRANSFORMERS_FAMILY
-from clipserve.models.registry import ResolvedModel
+from clipserve.models.names import OPEN_CLIP_FAMILY
+from clipserve.models.registry import ResolvedModel, family_module
 
 RANDOM_SEED = 0
 # the weights file of a local-dir folder, in open_clip's order of preference
@@ -185,21 +185,6 @@ def _require_text_tower_runtime(resolved: ResolvedModel) -> None:
         )
 
 
-def _family_module(resolved: ResolvedModel):
-    """The module that builds a model open_clip does not: M-CLIP, CN-CLIP, transformers checkpoints."""
-    if resolved.family == MCLIP_FAMILY:
-        from clipserve.models import mclip
-
-        return mclip
-    if resolved.family == TRANSFORMERS_FAMILY:
-        from clipserve.models import hf_checkpoints
-
-        return hf_checkpoints
-    from clipserve.models import cnclip
-
-    return cnclip
-
-
 def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
     """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
 
@@ -207,7 +192,7 @@ def build_model(resolved: ResolvedModel, device: str = 'cpu', precision: str = '
     model's parameters (on a GPU, each is moved and its CPU copy freed in turn).
     """
     if resolved.family != OPEN_CLIP_FAMILY:
-        return _family_module(resolved).build(resolved, device, precision)
+        return family_module(resolved.family).build(resolved, device, precision)
     _require_text_tower_runtime(resolved)
     checkpoint = _checkpoint_path(resolved)
     kwargs = dict(force_quick_gelu=resolved.quick_gelu, pretrained_text=False, pretrained_image=False)
@@ -260,14 +245,8 @@ def tokenizer_folder(resolved: ResolvedModel) -> Path | None:
     the local-dir folder, a checkpoint's own folder when it has them, else the cache (downloading once)."""
     if not resolved.text.needs_tokenizer_files:
         return None
-    if resolved.family == MCLIP_FAMILY:
-        from clipserve.models.mclip import text_folder
-
-        return text_folder(resolved)
-    if resolved.family == CNCLIP_FAMILY:
-        from clipserve.models.cnclip import tokenizer_folder as cnclip_tokenizer_folder
-
-        return cnclip_tokenizer_folder(resolved)
+    if resolved.family != OPEN_CLIP_FAMILY:
+        return family_module(resolved.family).tokenizer_folder(resolved)
     local = [resolved.local_dir]
     if resolved.name.checkpoint_path:
         local.append(Path(resolved.name.checkpoint_path).expanduser().parent)

@@ -125,6 +125,11 @@ def text_folder(resolved) -> Path:
         raise _unavailable(resolved, str(e)) from e
 
 
+def tokenizer_folder(resolved) -> Path:
+    """The tokenizer files come with the text tower's: the same folder."""
+    return text_folder(resolved)
+
+
 def _read_json(path: Path) -> dict:
     return read_json_object(path, WeightsUnavailableError, missing_ok=False)
 

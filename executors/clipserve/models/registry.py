@@ -150,6 +150,25 @@ def _resolve_tag(arch: str, name: ModelName) -> dict:
     )
 
 
+def family_module(family: str):
+    """The module for a model open_clip does not build (M-CLIP, CN-CLIP, transformers checkpoints). Each
+    has resolve(name, ...), build(resolved, device, precision) and tokenizer_folder(resolved); imported only
+    when such a model is named."""
+    if family == MCLIP_FAMILY:
+        from clipserve.models import mclip
+
+        return mclip
+    if family == CNCLIP_FAMILY:
+        from clipserve.models import cnclip
+
+        return cnclip
+    if family == TRANSFORMERS_FAMILY:
+        from clipserve.models import hf_checkpoints
+
+        return hf_checkpoints
+    raise ValueError(f'no module builds model family {family!r}')
+
+
 def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int | None = None) -> ResolvedModel:
     """Check that `name` can be built and gather its config, without loading any weights.
 
@@ -157,22 +176,14 @@ def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int 
     (models/hf_checkpoints.py); a truncation asked of any other model is refused.
     """
     if name.family == TRANSFORMERS_FAMILY:
-        from clipserve.models import hf_checkpoints
-
-        return hf_checkpoints.resolve(name, trust_remote_code=trust_remote_code, truncate_dim=truncate_dim)
+        return family_module(name.family).resolve(name, trust_remote_code, truncate_dim)
     if truncate_dim is not None:
         raise UnknownModelError(
             f'truncate_dim is for Matryoshka-trained transformers checkpoints; {str(name)!r} is not one '
             '(CLIP embeddings are not trained to be truncated)'
         )
-    if name.family == MCLIP_FAMILY:
-        from clipserve.models import mclip
-
-        return mclip.resolve(name)
-    if name.family == CNCLIP_FAMILY:
-        from clipserve.models import cnclip
-
-        return cnclip.resolve(name)
+    if name.family != OPEN_CLIP_FAMILY:
+        return family_module(name.family).resolve(name)
     local_dir = None
     if name.local_dir is not None:
         local_dir, content = _read_local_dir(name)
