@@ -5,11 +5,14 @@ import io
 import os
 import random
 import socket
+import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from ..conftest import FIRST_FREE_PORT
@@ -29,6 +32,26 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f'no free port in {FIRST_FREE_PORT}-65535')
+
+
+def health(port: int, service: str = 'readiness') -> str:
+    """The gateway's gRPC health answer for `service` ('readiness': every copy of every executor serves)."""
+    with grpc.insecure_channel(f'127.0.0.1:{port}') as channel:
+        try:
+            ask = health_pb2.HealthCheckRequest(service=service)
+            answer = health_pb2_grpc.HealthStub(channel).Check(ask, timeout=3)
+        except grpc.RpcError as error:
+            return error.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+
+
+def wait_for(condition, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f'timed out after {seconds}s waiting for {what}')
 
 
 def make_image(width=64, height=48, seed=0, fmt='PNG') -> bytes:

@@ -18,28 +18,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import grpc
 import pytest
 import yaml
 from docarray import Document, DocumentArray
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jina import Client
 
 from ..load import replica_pids
-from .conftest import ROOT, TINY, free_port, make_image, stop_process
+from .conftest import ROOT, TINY, free_port, health, make_image, stop_process, wait_for
 
 HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'
 BIN = Path(sys.executable).parent
-
-
-def health(port: int, service: str = 'readiness') -> str:
-    with grpc.insecure_channel(f'127.0.0.1:{port}') as channel:
-        try:
-            ask = health_pb2.HealthCheckRequest(service=service)
-            answer = health_pb2_grpc.HealthStub(channel).Check(ask, timeout=3)
-        except grpc.RpcError as error:
-            return error.code().name
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
 
 
 def http_get(port: int, path: str) -> int:
@@ -50,15 +38,6 @@ def http_get(port: int, path: str) -> int:
         return error.code
     except OSError:
         return 0
-
-
-def wait_for(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f'timed out after {seconds}s waiting for {what}')
 
 
 def held_flow(flow_name: str, tmp_path: Path, ports: list[int], protocols: list[str] | None = None) -> Path:

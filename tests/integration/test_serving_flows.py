@@ -14,7 +14,7 @@ from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 from jina.excepts import BadServer
 
-from .conftest import TINY, flow_from_yaml, free_port, set_port
+from .conftest import TINY, flow_from_yaml, free_port, health, set_port, wait_for
 
 TEXTS = [f'caption number {i}' for i in range(24)]
 
@@ -86,6 +86,8 @@ def _scaled_flow(name, tmp_path_factory):
 def test_scaled_flows_return_correct_embeddings_in_order(name, tmp_path_factory):
     flow, port = _scaled_flow(name, tmp_path_factory)
     with flow:
+        # Jina may call a sharded Flow started before every shard listens; the readiness signal waits for all
+        wait_for(lambda: health(port) == 'SERVING', 60, 'every shard and replica to be ready')
         docs = DocumentArray([Document(id=str(i), text=t) for i, t in enumerate(TEXTS)])
         out = JinaClient(host='127.0.0.1', port=port).post('/', docs, request_size=2, results_in_order=True)
         assert [d.id for d in out] == [str(i) for i in range(len(TEXTS))]
