@@ -3,10 +3,11 @@
     .venv/bin/python benchmarks/precision.py [--model ViT-B-32::random] [--images 200] [--seconds 3]
     .venv/bin/python benchmarks/precision.py --ckpt ViT-B-32::/path/weights.safetensors --image-dir ./photos
 
-For every configuration (torch fp32 / bf16 where the CPU computes bf16, onnx fp32 / int8): the cosine of
-each text and image embedding to torch fp32's (min and mean), the top-10 agreement of a text-to-image
-retrieval (for each caption, the share of fp32's ten best images that the configuration also ranks in its
-ten best), and model-only texts/s and images/s, each bracketed by torch fp32 measured just before and after
+For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8; torch auto is bf16 images where the
+CPU computes bf16 natively, what a Flow serves by default): the cosine of each text and image embedding to
+torch fp32's (min and mean), the top-10 agreement of a text-to-image retrieval (for each caption, the share
+of fp32's ten best images that the configuration also ranks in its ten best), and model-only texts/s and
+images/s, each bracketed by torch fp32 measured just before and after
 it. Without --ckpt the model has seeded random weights and the images are generated (random shapes on
 random backgrounds): the figures say how much a precision perturbs embeddings and rankings of this
 architecture, not how a trained model's accuracy changes; run it with --ckpt on your own weights and
@@ -95,7 +96,8 @@ def main() -> None:
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-precision-')
     exported = Path(workdir.name) / 'onnx'
     export_onnx(name, exported)
-    configs = {'torch fp32': ('torch', 'fp32'), 'torch bf16': ('torch', 'bf16')}
+    # torch auto: what a Flow serves by default (bf16 images where the CPU computes bf16 natively)
+    configs = {'torch fp32': ('torch', 'fp32'), 'torch auto': ('torch', 'auto'), 'torch bf16': ('torch', 'bf16')}
     configs.update({'onnx fp32': ('onnx', 'fp32'), 'onnx int8': ('onnx', 'int8')})
     if not native_bf16:
         print('this CPU has no native bf16 (avx512_bf16 / amx_bf16): torch bf16 is emulated, shown for completeness')

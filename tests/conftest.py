@@ -28,6 +28,11 @@ def _above_ephemeral_ports() -> int:
 FIRST_FREE_PORT = _above_ephemeral_ports()
 os.environ.setdefault('JINA_RANDOM_PORT_MIN', str(FIRST_FREE_PORT))  # Jina's ports for heads and executors
 
+# dtype 'auto' on a CPU means bf16 images where the CPU has bf16 instructions (some CI machines do, some
+# not). The suite's parity checks compare against open_clip in fp32, so by default it runs as on a CPU
+# without them; the tests of the bf16 default force the detection each way (CLIPSERVE_CPU_BF16).
+os.environ.setdefault('CLIPSERVE_CPU_BF16', '0')
+
 TINY = 'clipserve-tiny::random'
 
 

@@ -2,7 +2,14 @@
 
 import pytest
 
-from clipserve.backends.precision import PRECISIONS, resolve_dtype
+from clipserve.backends.precision import (
+    CPU_BF16_ENV,
+    PRECISIONS,
+    _read_cpu_flags,
+    detect_cpu_bf16,
+    resolve_dtype,
+    resolve_precision,
+)
 from clipserve.errors import BackendUnavailableError
 
 
@@ -42,3 +49,67 @@ def test_every_listed_precision_is_accepted_as_written():
 def test_anything_else_is_a_clear_error(backend, device, dtype, words):
     with pytest.raises(BackendUnavailableError, match=words):
         resolve_dtype(backend, device, dtype)
+
+
+NATIVE = (True, 'this CPU computes bf16 natively (avx512_bf16)')
+NOT_NATIVE = (False, 'this CPU has no native bf16 (amx_bf16 / avx512_bf16 absent)')
+
+
+@pytest.mark.parametrize('asked', [None, '', 'auto'])
+def test_auto_on_a_cpu_with_native_bf16_runs_torch_images_in_bf16_and_texts_in_fp32(asked):
+    precision = resolve_precision('torch', 'cpu', asked, native_bf16=NATIVE)
+    assert (precision.images, precision.texts) == ('bf16', 'fp32')
+    assert precision.name == 'bf16 images, fp32 texts'
+    assert 'avx512_bf16' in precision.reason
+
+
+def test_auto_on_a_cpu_without_native_bf16_is_fp32_for_both_towers():
+    precision = resolve_precision('torch', 'cpu', 'auto', native_bf16=NOT_NATIVE)
+    assert (precision.images, precision.texts, precision.name) == ('fp32', 'fp32', 'fp32')
+    assert 'no native bf16' in precision.reason
+
+
+def test_an_asked_precision_wins_over_the_cpu_and_says_so():
+    for dtype in ('fp32', 'bf16'):
+        precision = resolve_precision('torch', 'cpu', dtype, native_bf16=NATIVE)
+        assert (precision.images, precision.texts) == (dtype, dtype)
+        assert precision.reason == f'dtype {dtype} was asked for'
+
+
+def test_backends_without_a_cpu_bf16_rule_keep_fp32_on_any_cpu():
+    assert resolve_precision('onnx', 'cpu', None, native_bf16=NATIVE).name == 'fp32'
+    assert resolve_precision('torch', 'cuda:0', None, native_bf16=NATIVE).name == 'fp16'
+
+
+def test_onnx_bf16_on_a_cpu_is_refused_with_the_alternatives():
+    with pytest.raises(BackendUnavailableError, match='int8'):
+        resolve_precision('onnx', 'cpu', 'bf16')
+
+
+@pytest.mark.parametrize(
+    'flags, expected',
+    [
+        ({'avx2', 'fma'}, False),
+        ({'avx512f', 'avx512_vnni'}, False),  # VNNI is int8, not bf16
+        ({'avx512f', 'avx512_bf16'}, True),
+        ({'amx_tile', 'amx_bf16'}, True),
+        (None, False),  # flags unreadable (not Linux): never guess
+    ],
+)
+def test_detection_reads_the_cpu_flags(flags, expected):
+    native, why = detect_cpu_bf16({}, flags)
+    assert native is expected and why
+
+
+def test_detection_can_be_forced_either_way():
+    assert detect_cpu_bf16({CPU_BF16_ENV: '1'}, {'avx2'})[0] is True
+    assert detect_cpu_bf16({CPU_BF16_ENV: '0'}, {'avx512_bf16'})[0] is False
+    assert 'forced off' in detect_cpu_bf16({CPU_BF16_ENV: '0'}, {'avx512_bf16'})[1]
+
+
+def test_this_machines_flags_are_read():
+    flags = _read_cpu_flags()
+    if flags is None:
+        pytest.skip('no /proc/cpuinfo flags line on this machine')
+    native, _ = detect_cpu_bf16({}, flags)
+    assert native == any(f in flags for f in ('avx512_bf16', 'amx_bf16'))

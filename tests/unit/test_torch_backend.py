@@ -257,3 +257,59 @@ def test_mask_is_derived_from_end_of_text_when_absent(tiny_backend):
         tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
         atol=1e-6,
     )
+
+
+@pytest.fixture()
+def cpu_bf16(monkeypatch):
+    """Set what the CPU-flag detection answers for backends built inside the test."""
+    from clipserve.backends import precision
+
+    def force(native: bool):
+        monkeypatch.setenv(precision.CPU_BF16_ENV, '1' if native else '0')
+        precision.cpu_bf16.cache_clear()
+
+    yield force
+    precision.cpu_bf16.cache_clear()
+
+
+def _cosines(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_auto_on_a_cpu_with_native_bf16_runs_images_in_bf16_and_texts_exactly_as_fp32(cpu_bf16):
+    cpu_bf16(True)
+    auto = create_backend('torch', 'ViT-B-32::random', BackendOptions(device='cpu'))
+    fp32 = create_backend('torch', 'ViT-B-32::random', BackendOptions(device='cpu', dtype='fp32'))
+    assert (auto.precision.images, auto.precision.texts) == ('bf16', 'fp32') and auto.dtype == 'bf16 images, fp32 texts'
+    assert 'forced on' in auto.precision.reason
+    rng = np.random.default_rng(0)
+    pixels = rng.standard_normal((9, 3, 224, 224)).astype(np.float32)
+    got, want = auto.encode_images(pixels), fp32.encode_images(pixels)
+    assert got.dtype == np.float32 and _cosines(got, want).min() >= 0.9999
+    assert np.abs(got - want).max() > 0  # bf16 did run
+    # the same image gives the same embedding whatever shares its batch
+    alone = np.concatenate([auto.encode_images(pixels[i : i + 1]) for i in range(3)])
+    assert _cosines(alone, got[:3]).min() >= 0.9999
+    tokens = auto.tokenizer(TEXTS)
+    texts_auto = auto.encode_texts(tokens.input_ids, tokens.attention_mask)
+    texts_fp32 = fp32.encode_texts(tokens.input_ids, tokens.attention_mask)
+    assert np.array_equal(texts_auto, texts_fp32)
+
+
+def test_auto_on_a_cpu_without_native_bf16_is_plain_fp32(cpu_bf16, tiny_backend):
+    cpu_bf16(False)
+    auto = create_backend('torch', TINY, BackendOptions(device='cpu', dtype='auto'))
+    assert auto.dtype == 'fp32' and 'forced off' in auto.precision.reason
+    pixels = np.random.default_rng(1).standard_normal((2, 3, auto.image_size, auto.image_size)).astype(np.float32)
+    assert np.array_equal(auto.encode_images(pixels), tiny_backend.encode_images(pixels))
+
+
+def test_the_image_tower_is_found_by_running_both_towers(tiny_backend):
+    from clipserve.models.towers import image_only_modules
+
+    size = tiny_backend.image_size
+    tokens = tiny_backend.tokenizer(['a photo'])
+    text = (torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask))
+    found = image_only_modules(tiny_backend.model, torch.zeros(1, 3, size, size), text)
+    assert found == [tiny_backend.model.visual]

@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from clipserve.backends.precision import Precision
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.tokenizer import TokenBatch
 
@@ -39,6 +40,8 @@ class Backend(ABC):
     context_length: int
     preprocess: PreprocessConfig
     device: str
+    #: each tower's precision and why (backends/precision.py); `dtype` is its short name
+    precision: Precision
     dtype: str
     #: What the text graph needs, declared by each backend so that padding happens here, once:
     #: True when it takes any length up to `context_length` (a causal tower: a batch runs only up to

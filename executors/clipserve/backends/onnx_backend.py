@@ -31,7 +31,7 @@ from clipserve.backends.export_format import (
 )
 from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.backends.onnx_int8 import int8_copy
-from clipserve.backends.precision import resolve_dtype
+from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 
 _NP_TYPES = {
@@ -60,7 +60,8 @@ class OnnxBackend(Backend):
     def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), model_path: str | None = None):
         super().__init__()
         self.device = self._pick_device(options.device)
-        self.dtype = resolve_dtype('onnx', self.device, options.dtype)
+        self.precision = resolve_precision('onnx', self.device, options.dtype)
+        self.dtype = self.precision.name
         folder = self._locate(model, model_path, options)
         self.folder = folder
         session_options = ort.SessionOptions()

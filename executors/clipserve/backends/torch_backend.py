@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
-from clipserve.backends.precision import resolve_dtype
+from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError
 from clipserve.models.loading import TORCH_DTYPES, build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
-from clipserve.models.towers import TextTower, sigmoid_logits
+from clipserve.models.towers import TextTower, image_only_modules, sigmoid_logits
 
 
 def pick_device(device: str | None) -> str:
@@ -37,7 +39,8 @@ class TorchBackend(Backend):
     def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), trim_padding: bool = True):
         super().__init__()
         self.device = pick_device(options.device)
-        self.dtype = resolve_dtype('torch', self.device, options.dtype)
+        self.precision = resolve_precision('torch', self.device, options.dtype)
+        self.dtype = self.precision.name
         if options.num_threads and self.device == 'cpu':
             torch.set_num_threads(options.num_threads)
         resolved = resolve(parse_model_name(model), options.trust_remote_code, options.truncate_dim)
@@ -48,16 +51,52 @@ class TorchBackend(Backend):
         # before the weights: missing tokenizer files fail fast
         self.tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
         self.pad_id = int(getattr(self.tokenizer, 'pad_id', 0))
-        self.model = build_model(resolved, device=self.device, precision=self.dtype)
-        self._torch_dtype = TORCH_DTYPES[self.dtype]
+        self.model = build_model(resolved, device=self.device, precision=self.precision.texts)
         self.text_tower = TextTower(self.model)
+        self._image_dtype = TORCH_DTYPES[self.precision.texts]
+        if self.precision.images != self.precision.texts:
+            self._cast_image_tower(TORCH_DTYPES[self.precision.images])
         self.sigmoid_logits = sigmoid_logits(self.model)
         self.trims_padding = self.text_tower.trimmed and trim_padding
 
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            batch = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, self._torch_dtype)
+            batch = torch.from_numpy(np.ascontiguousarray(pixels)).to(self.device, self._image_dtype)
             return self.model.encode_image(batch).float().cpu().numpy()
+
+    def _cast_image_tower(self, dtype: torch.dtype) -> None:
+        """Run the image tower in `dtype` while the text tower keeps the model's precision (in place: no copy).
+
+        bf16 autocast was measured slower than fp32 on CPUs (it casts every weight on every call), so
+        the image tower's modules themselves are cast. A model whose image path does not survive the
+        cast keeps fp32 images, and the reason says so.
+        """
+        size = self.preprocess.image_size
+        pixels = torch.zeros(1, 3, size, size, device=self.device)
+        tokens = self.tokenizer(['a photo'])
+        text = tuple(
+            torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
+            for a in (tokens.input_ids, tokens.attention_mask)
+        )
+        modules = image_only_modules(self.model, pixels, text)
+        try:
+            if not modules:
+                raise ValueError('its image and text towers share every module')
+            for module in modules:
+                module.to(dtype)
+            with torch.inference_mode():
+                self.model.encode_image(pixels.to(dtype))
+        except Exception as e:  # noqa: BLE001 - any failure means: this model keeps fp32 images
+            for module in modules:
+                module.to(self._image_dtype)
+            self.precision = dataclasses.replace(
+                self.precision,
+                images=self.precision.texts,
+                reason=f'{self.precision.reason}; images stay {self.precision.texts}: a {dtype} image tower failed ({e})',
+            )
+            self.dtype = self.precision.name
+            return
+        self._image_dtype = dtype
 
     def _encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

@@ -76,3 +76,38 @@ def sigmoid_logits(model: torch.nn.Module) -> tuple[float, float] | None:
     if bias is None:
         return None
     return float(model.logit_scale.detach().float().exp()), float(bias.detach().float())
+
+
+def image_only_modules(model: torch.nn.Module, pixels: torch.Tensor, text: tuple[torch.Tensor, torch.Tensor]):
+    """The largest submodules that encoding `pixels` runs and encoding `text` does not: the image tower.
+
+    Found by running both once with hooks, so it holds for every family's layout (open_clip's `visual`,
+    a transformers model's `vision_model` + `visual_projection`, ...) without naming any of them.
+    """
+    calls: dict[torch.nn.Module, set[str]] = {}
+
+    def hook_for(tower):
+        def hook(module, args):
+            calls.setdefault(module, set()).add(tower)
+
+        return hook
+
+    tower = TextTower(model)
+    for which, run in (('image', lambda: model.encode_image(pixels)), ('text', lambda: tower(*text))):
+        handles = [m.register_forward_pre_hook(hook_for(which)) for m in model.modules()]
+        try:
+            with torch.inference_mode():
+                run()
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def split(module):
+        for child in module.children():
+            used = calls.get(child, set())
+            if used == {'image'}:
+                yield child
+            elif used == {'image', 'text'}:
+                yield from split(child)
+
+    return list(split(model))
