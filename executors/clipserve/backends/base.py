@@ -19,7 +19,7 @@ class BackendOptions:
     """Runtime settings shared by all backends. `None` means: let the backend pick."""
 
     device: str | None = None  # 'cpu', 'cuda', 'cuda:1'; None = cuda when present, else cpu
-    dtype: str | None = None  # 'fp32', 'fp16', 'bf16'; None = fp32 on cpu, fp16 on cuda
+    dtype: str | None = None  # 'fp32', 'fp16', 'bf16', 'int8'; None = auto (backends/precision.py)
     num_threads: int | None = None  # CPU threads for this replica; None = leave the runtime's default
     # how the model may be loaded (transformers checkpoints only; the operator's opt-ins):
     trust_remote_code: bool = False  # run model code shipped with the checkpoint
