@@ -6,9 +6,10 @@
 For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8; torch auto is bf16 images where the
 CPU computes bf16 natively, what a Flow serves by default): the cosine of each text and image embedding to
 torch fp32's (min and mean), the top-10 agreement of a text-to-image retrieval (for each caption, the share
-of fp32's ten best images that the configuration also ranks in its ten best), and model-only texts/s and
-images/s, each bracketed by torch fp32 measured just before and after
-it. Without --ckpt the model has seeded random weights and the images are generated (random shapes on
+of fp32's ten best images that the configuration also ranks in its ten best), how much an embedding
+depends on what shares its batch (16 texts and images encoded alone vs in their batch: the minimum
+cosine), and model-only texts/s and images/s, each bracketed by torch fp32 measured just before and
+after it. Without --ckpt the model has seeded random weights and the images are generated (random shapes on
 random backgrounds): the figures say how much a precision perturbs embeddings and rankings of this
 architecture, not how a trained model's accuracy changes; run it with --ckpt on your own weights and
 images for that. Prints a table, writes benchmarks/results/precision.json and precision.png.
@@ -120,6 +121,16 @@ def main() -> None:
         for label, b in backends.items()
     }
     ref_texts, ref_images = embedded['torch fp32']
+    # the same input alone vs in its batch (texts: a batch of all captions, padded to the longest)
+    alone = {
+        label: (
+            np.concatenate(
+                [b.encode_texts(tokens.input_ids[i : i + 1], tokens.attention_mask[i : i + 1]) for i in range(16)]
+            ),
+            np.concatenate([b.encode_images(pixels[i : i + 1]) for i in range(16)]),
+        )
+        for label, b in backends.items()
+    }
 
     def cosines(x, y):
         return (_normalised(x) * _normalised(y)).sum(axis=1)
@@ -142,6 +153,10 @@ def main() -> None:
     for label in backends:
         t_cos, i_cos = cosines(embedded[label][0], ref_texts), cosines(embedded[label][1], ref_images)
         agreement = top10_agreement(*embedded[label], ref_texts, ref_images)
+        batch_effect = min(
+            cosines(alone[label][0], embedded[label][0][:16]).min(),
+            cosines(alone[label][1], embedded[label][1][:16]).min(),
+        )
         ratio = {what: 1.0 if label == 'torch fp32' else speeds[what][0][label] for what in speeds}
         rate = {what: speeds[what][1]['baseline' if label == 'torch fp32' else label] for what in speeds}
         result = {
@@ -151,6 +166,7 @@ def main() -> None:
             'image_cosine_min': float(i_cos.min()),
             'image_cosine_mean': float(i_cos.mean()),
             'top10_agreement': agreement,
+            'alone_vs_batched_cosine_min': float(batch_effect),
             'texts_per_s': rate['texts'],
             'images_per_s': rate['images'],
             'texts_vs_torch_fp32': ratio['texts'],
@@ -163,11 +179,20 @@ def main() -> None:
                 f'{t_cos.min():.5f} / {t_cos.mean():.5f}',
                 f'{i_cos.min():.5f} / {i_cos.mean():.5f}',
                 f'{agreement:.3f}',
+                f'{batch_effect:.5f}',
                 f'{rate["texts"]:.1f} ({ratio["texts"]:.2f}x)',
                 f'{rate["images"]:.1f} ({ratio["images"]:.2f}x)',
             ]
         )
-    headers = ['config', 'text cosine min / mean', 'image cosine min / mean', 'top-10 agreement', 'texts/s', 'images/s']
+    headers = [
+        'config',
+        'text cosine min / mean',
+        'image cosine min / mean',
+        'top-10 agreement',
+        'alone vs in a batch (min cosine)',
+        'texts/s',
+        'images/s',
+    ]
     info = machine()
     print(f'\n{name}, {len(texts)} texts, {len(data)} images; {info["cpu"]}, {info["cores"]} cores')
     print(
