@@ -364,9 +364,10 @@ def _tokenizer_config(folder: Path, **values) -> None:
 
 
 def transformers_checkpoint(folder: Path, kind: str) -> Path:
-    """A transformers checkpoint of `kind` (clip, metaclip_2, siglip, chinese_clip, altclip), shrunk: its own
-    config class at small widths, random weights saved with save_pretrained, a tokenizer in its style
-    trained here, and its image processor's preprocessor_config.json (32 px images)."""
+    """A transformers checkpoint of `kind` (clip, metaclip_2, siglip, siglip2, chinese_clip, altclip), shrunk: its
+    own config class at small widths, random weights saved with save_pretrained, a tokenizer in its style
+    trained here, and its image processor's preprocessor_config.json (32 px images; SigLIP2: NaFlex, 8 px
+    patches, at most 20 of them, over a learned 4x4 position grid)."""
     import torch
     import transformers as t
 
@@ -381,6 +382,15 @@ def transformers_checkpoint(folder: Path, kind: str) -> Path:
         text.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
         config = t.SiglipConfig(text_config=text, vision_config=_TINY_VISION)
         processor = t.SiglipImageProcessorPil(**square)
+    elif kind == 'siglip2':
+        vocab = gemma_tokenizer(folder)
+        # as google/siglip2-*-naflex ship it (transformers loads it as Siglip2Tokenizer, which lowercases)
+        _tokenizer_config(folder, tokenizer_class='GemmaTokenizer', model_max_length=64)
+        text = {**_TINY_TOWER, 'vocab_size': vocab, 'max_position_embeddings': 64}
+        text.update(pad_token_id=0, eos_token_id=1, bos_token_id=2)
+        vision = {**_TINY_TOWER, 'patch_size': 8, 'num_patches': 16}
+        config = t.Siglip2Config(text_config=text, vision_config=vision)
+        processor = t.Siglip2ImageProcessorPil(patch_size=8, max_num_patches=20)
     elif kind == 'chinese_clip':
         vocab = wordpiece_tokenizer(folder)
         _tokenizer_config(folder, model_max_length=52)
@@ -408,7 +418,7 @@ def transformers_checkpoint(folder: Path, kind: str) -> Path:
     return folder
 
 
-TRANSFORMERS_TYPES = ('clip', 'metaclip_2', 'siglip', 'chinese_clip', 'altclip')
+TRANSFORMERS_TYPES = ('clip', 'metaclip_2', 'siglip', 'siglip2', 'chinese_clip', 'altclip')
 
 
 REMOTE_MODEL_CODE = '''"""A tiny CLIP-like model shipped as code with its checkpoint (written by clipserve's tests)."""

@@ -1,6 +1,7 @@
 """transformers checkpoints of each model type (shrunk, tests/model_folders.py) served as
 `transformers:/folder` by the shipped torch and onnx Flows, through clip-client, against transformers' own
-model, tokenizer and PIL image processor on the same folder."""
+model, tokenizer and PIL image processor on the same folder (SigLIP2: NaFlex patches, images of several
+aspect ratios in one request); /rank's scores, with siglip_score for the sigmoid-trained types."""
 
 import io
 
@@ -17,8 +18,14 @@ torch = pytest.importorskip('torch')
 t = pytest.importorskip('transformers')
 
 TEXTS = ['a photo of a cat', 'Café crème — à la carte!', '東京の夜景', ' '.join(['a long caption'] * 40)]
-IMAGES = [make_image(300, 200, seed=1), make_image(90, 401, seed=2, fmt='JPEG')]
-PIL_PROCESSORS = {'siglip': 'SiglipImageProcessorPil', 'chinese_clip': 'ChineseCLIPImageProcessorPil'}
+IMAGES = [make_image(300, 200, seed=1), make_image(90, 401, seed=2, fmt='JPEG'), make_image(7, 5, seed=3)]
+PIL_PROCESSORS = {
+    'siglip': 'SiglipImageProcessorPil',
+    'siglip2': 'Siglip2ImageProcessorPil',
+    'chinese_clip': 'ChineseCLIPImageProcessorPil',
+}
+CONTEXTS = {'siglip': 16, 'siglip2': 64, 'chinese_clip': 52, 'altclip': 78}
+SIGMOID = ('siglip', 'siglip2')
 
 
 @pytest.fixture(scope='module', params=TRANSFORMERS_TYPES)
@@ -34,18 +41,22 @@ def served(request, tmp_path_factory):
         yield request.param, folder, ports
 
 
+def _model(folder):
+    return t.AutoModel.from_pretrained(str(folder)).eval()
+
+
 def _reference(kind, folder, texts, images):
-    model = t.AutoModel.from_pretrained(str(folder)).eval()
+    model = _model(folder)
     tokenizer = t.AutoTokenizer.from_pretrained(str(folder))
     processor = getattr(t, PIL_PROCESSORS.get(kind, 'CLIPImageProcessorPil')).from_pretrained(str(folder))
-    context = 16 if kind == 'siglip' else (52 if kind == 'chinese_clip' else 77 + (kind == 'altclip'))
-    padding = 'max_length' if kind == 'siglip' else True
+    padding = 'max_length' if kind in SIGMOID else True
+    context = CONTEXTS.get(kind, 77)
     tokens = tokenizer(texts, padding=padding, truncation=True, max_length=context, return_tensors='pt')
-    pixels = processor([Image.open(io.BytesIO(b)) for b in images], return_tensors='pt')['pixel_values']
+    inputs = processor([Image.open(io.BytesIO(b)) for b in images], return_tensors='pt')
     with torch.no_grad():
         return (
             model.get_text_features(**tokens).pooler_output.numpy(),
-            model.get_image_features(pixel_values=pixels).pooler_output.numpy(),
+            model.get_image_features(**inputs).pooler_output.numpy(),
         )
 
 
@@ -59,7 +70,13 @@ def test_rank_scores_as_clip_as_service_on_both_flows(served):
     kind, folder, ports = served
     candidates = TEXTS[:3]
     texts, images = _reference(kind, folder, candidates, IMAGES[:1])
-    assert_rank_matches(ports, IMAGES[0], candidates, *clip_scores(texts, images[0]))
+    cosine, softmax = clip_scores(texts, images[0])
+    extra = {}
+    if kind in SIGMOID:  # the model's own probability of each pair: sigmoid(exp(scale) x cosine + bias)
+        model = _model(folder)
+        logits = torch.from_numpy(cosine) * model.logit_scale.exp() + model.logit_bias
+        extra['siglip_score'] = torch.sigmoid(logits).detach().numpy()
+    assert_rank_matches(ports, IMAGES[0], candidates, cosine, softmax, extra)
 
 
 def test_remote_code_serves_through_a_flow_only_with_the_executor_opt_in(tmp_path):

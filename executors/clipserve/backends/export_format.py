@@ -50,6 +50,9 @@ class ExportMetadata:
     interpolation: str = 'bicubic'
     resize_mode: str = 'shortest'
     crop: str = 'round'  # PreprocessConfig.crop: 'floor' for transformers checkpoints
+    # resize_mode 'naflex' (SigLIP2): the visual graph takes naflex.py's layout [B, max_num_patches, p*p*3 + 3]
+    patch_size: int | None = None
+    max_num_patches: int | None = None
     embed_dim: int | None = None  # None: the backend probes the graph
     tokenizer: str = BPE_TOKENIZER  # text_spec.TOKENIZER_KINDS; Hugging Face tokenizer files lie beside the graphs
     context_length: int = DEFAULT_CONTEXT_LENGTH
@@ -94,6 +97,17 @@ class ExportMetadata:
             interpolation=self.interpolation,
             resize_mode=self.resize_mode,
             crop=self.crop,
+            patch_size=self.patch_size,
+            max_num_patches=self.max_num_patches,
+        )
+
+
+def require_fixed_size(metadata: ExportMetadata, backend: str) -> None:
+    """Refuse a NaFlex export (SigLIP2: per-image patch grids) in a backend built around one image shape."""
+    if metadata.resize_mode == 'naflex':
+        raise BackendUnavailableError(
+            f'{metadata.model} is a SigLIP2 NaFlex model (a patch grid per image), which the {backend} backend does '
+            'not serve; serve it with the torch or onnx backend'
         )
 
 

@@ -12,6 +12,7 @@ lowers peak memory at load by about the size of the weights (ViT-B-32: 828 -> 54
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from clipserve.backends.export_format import (
     DEFAULT_OPSET,
@@ -36,6 +38,7 @@ from clipserve.backends.export_format import (
 from clipserve.models.hf_tokenizer import TOKENIZER_FILES
 from clipserve.models.loading import build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
+from clipserve.models.preprocess import PreprocessConfig, preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 from clipserve.models.towers import ImageTower, TextTower, sigmoid_logits
@@ -122,8 +125,8 @@ def export_onnx(
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(resolved, device='cpu', precision='fp32')
     image, text = ImageTower(model).eval(), TextTower(model).eval()
-    size, context = resolved.preprocess.image_size, resolved.context_length
-    pixels = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    context = resolved.context_length
+    pixels = torch.from_numpy(sample_pixels(resolved.preprocess, 2, seed=0))
     tokenizer_files = tokenizer_folder(resolved)
     tokenizer = make_tokenizer(resolved.text, tokenizer_files)
     tokens = tokenizer(['a photo of a cat', 'two dogs playing in the snow'])
@@ -132,7 +135,7 @@ def export_onnx(
     torch.backends.mha.set_fastpath_enabled(False)  # the fused attention kernel has no ONNX form
     seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _without_runtime_checks():
             _export(
                 image,
                 (pixels,),
@@ -175,11 +178,29 @@ def export_onnx(
         opset=opset,
         exporter=f'clipserve {_clipserve_version()} (format {EXPORT_FORMAT}), torch {torch.__version__}',
         weights_sha256=weights_hash(model),
-        max_abs_diff=verify_export(out, image, text, tokenizer, size) if verify else {},
+        patch_size=cfg.patch_size,
+        max_num_patches=cfg.max_num_patches,
+        max_abs_diff=verify_export(out, image, text, tokenizer, cfg) if verify else {},
     )
     _copy_tokenizer_files(tokenizer_files, out)
     write_metadata(out, metadata)
     return metadata
+
+
+@contextlib.contextmanager
+def _without_runtime_checks():
+    """transformers' value checks (Siglip2's position resize asserts its shapes) trace to an op with no ONNX form;
+    its own switch turns them off while exporting."""
+    key = 'TRANSFORMERS_DISABLE_TORCH_CHECK'
+    before = os.environ.get(key)
+    os.environ[key] = '1'
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 def _copy_tokenizer_files(source: Path | None, out: Path) -> None:
@@ -191,12 +212,25 @@ def _copy_tokenizer_files(source: Path | None, out: Path) -> None:
             shutil.copyfile(source / name, out / name)
 
 
-def verify_export(out: Path, image: torch.nn.Module, text: torch.nn.Module, tokenizer, size: int) -> dict:
+def sample_pixels(preprocess: PreprocessConfig, count: int, seed: int) -> np.ndarray:
+    """`count` images as the visual graph takes them: noise [count, 3, S, S], or for NaFlex, images of other
+    sizes and aspect ratios each (the patch grid, and so the position embeddings, change per image)."""
+    rng = np.random.default_rng(seed)
+    size = preprocess.image_size
+    if preprocess.resize_mode != 'naflex':
+        return rng.normal(size=(count, 3, size, size)).astype(np.float32)
+    shapes = [(size // 2 + 7, 2 * size), (3 * size, size // 3 + 1), (5, 9), (size, size)][seed % 2 :]
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in shapes[:count]]
+    return np.stack([preprocess_image(image, preprocess) for image in images])
+
+
+def verify_export(
+    out: Path, image: torch.nn.Module, text: torch.nn.Module, tokenizer, preprocess: PreprocessConfig
+) -> dict:
     """Run both graphs in ONNX Runtime and PyTorch on fresh inputs; raise above TOLERANCE."""
     import onnxruntime as ort
 
-    rng = np.random.default_rng(1)
-    pixels = rng.normal(size=(3, 3, size, size)).astype(np.float32)  # another batch size than exported
+    pixels = sample_pixels(preprocess, 3, seed=1)  # another batch size (and NaFlex shapes) than exported
     tokens = tokenizer(['a diagram', 'three red apples on a wooden table, seen from above', 'x'])
     ids, mask = tokens.input_ids, tokens.attention_mask
     if text.trimmed:  # another sequence length than exported

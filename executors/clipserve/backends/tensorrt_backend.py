@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from clipserve.backends.base import Backend, BackendOptions
-from clipserve.backends.export_format import export_tokenizer, read_metadata
+from clipserve.backends.export_format import export_tokenizer, read_metadata, require_fixed_size
+from clipserve.backends.precision import resolve_precision
 from clipserve.backends.tensorrt_cache import (
     EngineKey,
     engine_path,
@@ -33,7 +34,6 @@ from clipserve.backends.tensorrt_profiles import (
     check_max_batch,
     image_profiles,
     parse_cuda_device,
-    pick_precision,
     profile_signature,
     text_profiles,
 )
@@ -73,11 +73,13 @@ class TensorRTBackend(Backend):
         index = parse_cuda_device(options.device)
         trt = import_tensorrt()
         cudart = import_cudart()
-        self.dtype = pick_precision(options.dtype)
+        self.precision = resolve_precision('tensorrt', 'cuda', options.dtype)
+        self.dtype = self.precision.name
         self.gpu = cuda_device(cudart, index, str(options.device or 'cuda'))
         self.device = f'cuda:{index}'
         folder = locate_export(model, model_path)
         metadata = read_metadata(folder)
+        require_fixed_size(metadata, 'tensorrt')
         self.folder = folder
         self.model_name = metadata.model
         self.context_length = int(metadata.context_length)

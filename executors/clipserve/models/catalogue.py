@@ -133,8 +133,9 @@ def transformers_facts() -> list[ModelFacts]:
             context_length=None,
             embed_dim=None,
             image_size=None,
-            resize_mode="its processor's",
-            backends=', '.join(BACKENDS),
+            resize_mode='NaFlex patches' if kind == 'siglip2' else "its processor's",
+            # NaFlex: a patch grid per image, which TensorRT's fixed image profiles do not take
+            backends=', '.join(b for b in BACKENDS if not (kind == 'siglip2' and b == 'tensorrt')),
         )
         for kind in hf_checkpoints.MODEL_TYPES
     ]

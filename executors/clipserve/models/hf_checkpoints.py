@@ -6,8 +6,9 @@ embeddings are what the model's own `get_text_features` / `get_image_features` r
 tokenized by the folder's tokenizer.json (no cleaning), truncated to the tokenizer's model_max_length
 (capped by the text tower's positions) and given the inputs the tokenizer names (`model_input_names`);
 images are preprocessed as the folder's processor does it with PIL (resize, center crop with
-transformers' offsets, rescale, normalise). SigLIP pools at the last position, so its texts are
-padded to exactly their length; the others attend to unmasked tokens only, so batches are trimmed.
+transformers' offsets, rescale, normalise; SigLIP2: NaFlex patches, laid out as naflex.py says). SigLIP
+and SigLIP2 pool at the last position, so their texts are padded to exactly their length; the others
+attend to unmasked tokens only, so batches are trimmed.
 
 A checkpoint that ships its own model code (config.json's `auto_map`, Jina CLIP v2 for one) is refused
 unless the operator opts in (`trust_remote_code`): that code is arbitrary Python from the checkpoint's
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from clipserve.models.cache import CACHE_ENV, cache_dir
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import HubFileUnavailable, hub_snapshot
 from clipserve.models.json_files import read_json_object
+from clipserve.models.naflex import EXTRA_COLUMNS
 from clipserve.models.names import TRANSFORMERS_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
@@ -49,6 +52,7 @@ class ModelType:
     processor: dict  # the defaults of its image processor (what preprocessor_config.json may leave out)
     fixed_length: bool = False  # pools at a fixed position (SigLIP: the last one): never trimmed
     position_offset: int = 0  # positions a RoBERTa-style text tower reserves (pad id + 1)
+    clean: str = 'none'  # TextSpec.clean: 'siglip2' as transformers' Siglip2Tokenizer (lowercase, left padding)
 
 
 _CLIP_PROCESSOR = {
@@ -74,7 +78,20 @@ MODEL_TYPES = {
         },
         fixed_length=True,
     ),
+    # NaFlex: aspect-keeping resize to at most max_num_patches patches; Siglip2Tokenizer lowercases
+    'siglip2': ModelType(
+        {
+            'patch_size': 16,
+            'max_num_patches': 256,
+            'resample': 2,
+            'image_mean': [0.5, 0.5, 0.5],
+            'image_std': [0.5, 0.5, 0.5],
+        },
+        fixed_length=True,
+        clean='siglip2',
+    ),
 }
+SIGMOID_TYPES = ('siglip', 'siglip2')  # text_config.hidden_size is their embedding size
 # what a checkpoint without a known type (one with its own code) is preprocessed and padded as
 _REMOTE_CODE = ModelType(_CLIP_PROCESSOR, fixed_length=True)
 # PIL's resampling codes, as preprocessor_config.json writes them
@@ -138,11 +155,6 @@ def model_type(folder: Path, trust_remote_code: bool = False) -> str:
                 "runs with the server's rights, so read it first"
             )
         return str(kind or 'remote-code')
-    if kind == 'siglip2':
-        raise UnknownModelError(
-            f'{str(folder)!r} is a SigLIP2 NaFlex checkpoint (variable patches per image), which clipserve does not '
-            "serve yet; open_clip's fixed-resolution SigLIP2 models are (e.g. ViT-B-16-SigLIP2::webli)"
-        )
     if kind not in MODEL_TYPES:
         raise UnknownModelError(
             f'{str(folder)!r} has model_type {kind!r}; clipserve serves transformers checkpoints of the types '
@@ -164,6 +176,11 @@ def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
         raise UnknownModelError(f'{where}: rescale_factor {cfg["rescale_factor"]} is not supported (only 1/255)')
     if not cfg.get('do_rescale', True) or not cfg.get('do_normalize', True) or not cfg.get('do_resize', True):
         raise UnknownModelError(f'{where}: do_resize, do_rescale and do_normalize must be on')
+    resample = cfg.get('resample', 3)
+    if resample not in _RESAMPLE:
+        raise UnknownModelError(f'{where}: resample {resample!r} is not a PIL resampling filter')
+    if kind == 'siglip2':
+        return _naflex_config(cfg, _RESAMPLE[resample])
     size, crop = cfg.get('size') or {}, cfg.get('crop_size') or {}
     if isinstance(crop, int):
         crop = {'height': crop, 'width': crop}
@@ -179,9 +196,6 @@ def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
         image_size, mode = int(size['height']), 'squash'
     else:
         raise UnknownModelError(f'{where}: size {size} is not supported (a square resize, or a shortest edge + crop)')
-    resample = cfg.get('resample', 3)
-    if resample not in _RESAMPLE:
-        raise UnknownModelError(f'{where}: resample {resample!r} is not a PIL resampling filter')
     return PreprocessConfig(
         image_size=image_size,
         mean=tuple(cfg['image_mean']),
@@ -189,6 +203,20 @@ def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
         interpolation=_RESAMPLE[resample],
         resize_mode=mode,
         crop='floor',
+    )
+
+
+def _naflex_config(cfg: dict, interpolation: str) -> PreprocessConfig:
+    """SigLIP2's processor: image_size is nominal (the square of max_num_patches patches: warm-up, listings)."""
+    patch, count = int(cfg['patch_size']), int(cfg['max_num_patches'])
+    return PreprocessConfig(
+        image_size=patch * max(1, math.isqrt(count)),
+        mean=tuple(cfg['image_mean']),
+        std=tuple(cfg['image_std']),
+        interpolation=interpolation,
+        resize_mode='naflex',
+        patch_size=patch,
+        max_num_patches=count,
     )
 
 
@@ -222,7 +250,7 @@ def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int 
     folder = checkpoint_folder(name)
     kind = model_type(folder, trust_remote_code)
     config = _read_json(folder / CONFIG_FILE)
-    if kind == 'siglip':
+    if kind in SIGMOID_TYPES:
         embed_dim = (config.get('text_config') or {}).get('hidden_size', 768)
     else:
         embed_dim = config.get('projection_dim', 512)
@@ -244,7 +272,7 @@ def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int 
         text=TextSpec(
             tokenizer=HF_TOKENIZER,
             context_length=context,
-            clean='none',
+            clean=_model_type_facts(kind).clean,
             causal=not _model_type_facts(kind).fixed_length,
             hf_tokenizer_name=name.transformers_source,
         ),
@@ -258,18 +286,43 @@ def _features(output) -> torch.Tensor:
     return output.pooler_output if hasattr(output, 'pooler_output') else output
 
 
+def split_naflex(batch: torch.Tensor) -> dict:
+    """naflex.py's layout [B, N, p*p*3 + 3] as Siglip2's three image inputs (exportable: no data-dependent shapes)."""
+    pixels = batch[..., :-EXTRA_COLUMNS]
+    rows = (batch[..., -2] > 0.5).sum(-1)
+    columns = (batch[..., -1] > 0.5).sum(-1)
+    return {
+        'pixel_values': pixels,
+        'pixel_attention_mask': (batch[..., -3] > 0.5).to(torch.int32),
+        'spatial_shapes': torch.stack([rows, columns], -1).to(torch.int64),
+    }
+
+
 class TransformersCLIP(torch.nn.Module):
     """A transformers CLIP-family model behind the towers' interface."""
 
-    def __init__(self, model: torch.nn.Module, pass_mask: bool, trims_text: bool, keep: int | None = None):
+    def __init__(
+        self, model: torch.nn.Module, pass_mask: bool, trims_text: bool, keep: int | None = None, naflex=False
+    ):
         super().__init__()
         self.model = model
         self.pass_mask = pass_mask
         self.trims_text = trims_text
         self.keep = keep  # Matryoshka truncation: the first `keep` dimensions
+        self.naflex = naflex  # images arrive in naflex.py's layout (SigLIP2)
+
+    @property
+    def logit_scale(self):
+        """SigLIP's learned scale and bias (towers.sigmoid_logits): /rank's siglip_score."""
+        return getattr(self.model, 'logit_scale', None)
+
+    @property
+    def logit_bias(self):
+        return getattr(self.model, 'logit_bias', None)
 
     def encode_image(self, pixel_values):
-        return _features(self.model.get_image_features(pixel_values=pixel_values))[..., : self.keep]
+        inputs = split_naflex(pixel_values) if self.naflex else {'pixel_values': pixel_values}
+        return _features(self.model.get_image_features(**inputs))[..., : self.keep]
 
     def encode_text_with_mask(self, input_ids, attention_mask):
         if self.pass_mask:
@@ -315,6 +368,7 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
         'attention_mask' in resolved.model_cfg['text_inputs'],
         not _model_type_facts(kind).fixed_length,
         resolved.model_cfg['truncate_dim'],
+        naflex=resolved.preprocess.resize_mode == 'naflex',
     )
     wrapped = wrapped.to(device=device, dtype=dtype).eval()
     for parameter in wrapped.parameters():

@@ -63,7 +63,19 @@ CLEANERS = {
     'lower': lambda t: _whitespace(_basic_clean(t)).lower(),
     'canonicalize': lambda t: _canonicalize(_basic_clean(t)),
     'none': lambda t: t,  # M-CLIP and CN-CLIP hand texts to their tokenizers as they are
+    'siglip2': lambda t: t,  # the texts as they are, into _as_siglip2's tokenizer
 }
+
+
+def _as_siglip2(tokenizer, config: dict) -> None:
+    """What transformers' Siglip2Tokenizer does to tokenizer.json when it loads it (SigLIP2 was trained on
+    lowercased text): tokenizers' Lowercase before the file's normalizer (when it has one), and padding on
+    the left unless tokenizer_config.json names a side."""
+    from tokenizers import normalizers
+
+    if tokenizer.normalizer is not None:
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), tokenizer.normalizer])
+    config.setdefault('padding_side', 'left')
 
 
 def _token_content(value) -> str | None:
@@ -98,6 +110,8 @@ class HFTokenizer:
         self._clean = CLEANERS[clean]
         self._tokenizer = RustTokenizer.from_file(str(path))
         config = {**_read_json(folder / 'special_tokens_map.json'), **_read_json(folder / 'tokenizer_config.json')}
+        if clean == 'siglip2':
+            _as_siglip2(self._tokenizer, config)
         pad = _token_content(config.get('pad_token'))
         self.pad_id = self._tokenizer.token_to_id(pad) if pad is not None else None
         if self.pad_id is None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from clipserve.models.naflex import naflex_size, patchify
 from clipserve.models.resample import (
     EXACT_MODES,
     RESAMPLE,
@@ -70,6 +71,7 @@ class ImageError(ValueError):
 
 
 CROP_RULES = ('round', 'floor')
+RESIZE_MODES = ('shortest', 'squash', 'naflex')
 
 
 def _three_floats(value, name: str) -> tuple[float, float, float]:
@@ -97,6 +99,10 @@ class PreprocessConfig:
     max_pixels: int = 50_000_000
     max_aspect_ratio: float = 200.0
     jpeg_draft: bool = False  # decode JPEGs at a reduced scale: faster, not bit-exact (opt-in)
+    # resize_mode 'naflex' (SigLIP2): aspect kept, at most max_num_patches patches of patch_size pixels,
+    # output laid out as naflex.py says; image_size is then only the nominal size (warm-up, listings)
+    patch_size: int | None = None
+    max_num_patches: int | None = None
 
     def __post_init__(self):
         """Fail at load time on a bad config rather than on the first request."""
@@ -108,8 +114,13 @@ class PreprocessConfig:
             raise ValueError(f'mean must be finite and std finite and positive, got {self.mean}, {self.std}')
         if self.interpolation not in RESAMPLE:
             raise ValueError(f'interpolation must be one of {sorted(RESAMPLE)}, got {self.interpolation!r}')
-        if self.resize_mode not in ('shortest', 'squash'):
-            raise ValueError(f"resize_mode must be 'shortest' or 'squash', got {self.resize_mode!r}")
+        if self.resize_mode not in RESIZE_MODES:
+            raise ValueError(f'resize_mode must be one of {", ".join(RESIZE_MODES)}, got {self.resize_mode!r}')
+        naflex = (self.patch_size, self.max_num_patches)
+        if (self.resize_mode == 'naflex') != all(isinstance(v, int) and not isinstance(v, bool) for v in naflex):
+            raise ValueError(f"resize_mode 'naflex' and only it needs patch_size and max_num_patches, got {naflex}")
+        if self.resize_mode == 'naflex' and min(naflex) < 1:
+            raise ValueError(f'patch_size and max_num_patches must be positive, got {naflex}')
         if self.crop not in CROP_RULES:
             raise ValueError(f'crop must be one of {", ".join(CROP_RULES)}, got {self.crop!r}')
         if self.max_pixels < 1:
@@ -204,6 +215,8 @@ def _draft(image: Image.Image, config: PreprocessConfig) -> None:
     """
     if config.resize_mode == 'squash':
         target = (config.image_size, config.image_size)
+    elif config.resize_mode == 'naflex':
+        target = _naflex_size(image.width, image.height, config)
     else:
         target = _shortest_side_size(image.width, image.height, config.image_size)
     try:
@@ -319,6 +332,17 @@ def _resize_squash(image: Image.Image, config: PreprocessConfig) -> Image.Image:
     return image.resize((size, size), RESAMPLE[config.interpolation])
 
 
+def _naflex_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
+    """(width, height) of SigLIP2's aspect-keeping resize."""
+    new_height, new_width = naflex_size(height, width, config.patch_size, config.max_num_patches)
+    return new_width, new_height
+
+
+def _resize_naflex(image: Image.Image, config: PreprocessConfig) -> Image.Image:
+    """Resize((h, w)) to the size naflex_size picks, as transformers' PIL processor does (always resampled)."""
+    return image.resize(_naflex_size(image.width, image.height, config), RESAMPLE[config.interpolation])
+
+
 def _to_normalized_chw(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
     """ToTensor + Normalize, in float32 with torch's operation order: x / 255, - mean, / std."""
     pixels = np.asarray(image, dtype=np.uint8)
@@ -330,10 +354,13 @@ def _to_normalized_chw(image: Image.Image, config: PreprocessConfig) -> np.ndarr
 
 
 def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
-    """open_clip's eval transform on a PIL image, as a float32 array of shape [3, S, S]."""
+    """open_clip's eval transform on a PIL image, as a float32 array of shape [3, S, S]
+    (NaFlex: [max_num_patches, patch_size**2 * 3 + 3], laid out as naflex.py says)."""
     _check_limits(image.width, image.height, config)
     try:
-        if config.resize_mode == 'squash':
+        if config.resize_mode == 'naflex':
+            window = _resize_naflex(image, config)
+        elif config.resize_mode == 'squash':
             window = _resize_squash(image, config)
         else:
             window = _resize_shortest_and_crop(image, config)
@@ -343,6 +370,8 @@ def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray
     except (OSError, ValueError) as exc:  # e.g. a mode Pillow cannot resample or turn into RGB
         raise ImageError(f'cannot preprocess a {image.mode} image: {exc}') from None
     del window
+    if config.resize_mode == 'naflex':
+        return patchify(_to_normalized_chw(rgb, config), config.patch_size, config.max_num_patches)
     return _to_normalized_chw(rgb, config)
 
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 BPE_TOKENIZER = 'openai-clip-bpe'  # open_clip's SimpleTokenizer (clipserve's models/tokenizer.py)
 HF_TOKENIZER = 'hf-tokenizers'  # a Hugging Face tokenizer.json (clipserve's models/hf_tokenizer.py)
 TOKENIZER_KINDS = (BPE_TOKENIZER, HF_TOKENIZER)
-CLEAN_MODES = ('lower', 'whitespace', 'canonicalize', 'none')  # open_clip's get_clean_fn; none: M-CLIP, CN-CLIP
+# open_clip's get_clean_fn; none: M-CLIP, CN-CLIP, transformers checkpoints; siglip2: as transformers'
+# Siglip2Tokenizer loads tokenizer.json (hf_tokenizer.py)
+CLEAN_MODES = ('lower', 'whitespace', 'canonicalize', 'none', 'siglip2')
 DEFAULT_CONTEXT_LENGTH = 77
 BPE_VOCAB_SIZE = 49408
 
