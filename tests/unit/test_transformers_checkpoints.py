@@ -1,11 +1,13 @@
 """transformers checkpoints (`transformers:/folder`): for each model type, a shrunk checkpoint written by
 transformers itself (tests/model_folders.py), tokenized, preprocessed and encoded as transformers' own
-tokenizer, PIL image processor and model do it; and the refusals (unknown types, code shipped with a
-checkpoint, processors clipserve cannot reproduce, offline hub ids). The served parity is in
+tokenizer, PIL image processor and model do it (SigLIP2's NaFlex patches for images of any shape, in torch
+and in a torch-free ONNX replica); and the refusals (unknown types, code shipped with a checkpoint,
+processors clipserve cannot reproduce, offline hub ids). The served parity is in
 tests/integration/test_transformers_flows.py."""
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 
@@ -36,7 +38,15 @@ TEXTS = [
 ]
 # odd and even margins around the crop, both orientations, and one already at the size
 SIZES = [(45, 61), (80, 33), (32, 32), (100, 47)]
-PIL_PROCESSORS = {'siglip': 'SiglipImageProcessorPil', 'chinese_clip': 'ChineseCLIPImageProcessorPil'}
+PIL_PROCESSORS = {
+    'siglip': 'SiglipImageProcessorPil',
+    'siglip2': 'Siglip2ImageProcessorPil',
+    'chinese_clip': 'ChineseCLIPImageProcessorPil',
+}
+SIGMOID = ('siglip', 'siglip2')  # pool at the last position: padded to exactly the context
+# NaFlex shapes: tiny (upscaled), very wide and very tall (one patch row / column), larger than the patch
+# budget, square, and the tests' usual ones
+NAFLEX_SIZES = [(3, 4), (10, 300), (300, 12), (640, 480), (32, 32), *SIZES]
 
 
 @pytest.fixture(scope='module')
@@ -45,9 +55,25 @@ def checkpoints(tmp_path_factory):
     return {kind: transformers_checkpoint(root / kind, kind) for kind in TRANSFORMERS_TYPES}
 
 
-def _images():
+def _images(sizes=SIZES):
     rng = np.random.default_rng(0)
-    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in SIZES]
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+
+
+def _processor_inputs(kind, folder, images):
+    """transformers' PIL image processor's tensors for the model, and clipserve's arrays of the same images."""
+    processor = getattr(t, PIL_PROCESSORS.get(kind, 'CLIPImageProcessorPil')).from_pretrained(str(folder))
+    return dict(processor(images, return_tensors='pt'))
+
+
+def _assert_same_pixels(ours, inputs):
+    """clipserve's arrays carry what the processor gives the model (NaFlex: the three inputs, naflex.py)."""
+    if 'spatial_shapes' not in inputs:
+        assert np.abs(ours - inputs['pixel_values'].numpy()).max() <= 1e-6
+        return
+    assert np.abs(ours[..., :-3] - inputs['pixel_values'].numpy()).max() <= 1e-6
+    np.testing.assert_array_equal(ours[..., -3], inputs['pixel_attention_mask'].numpy())
+    np.testing.assert_array_equal(ours[..., -2:].sum(axis=1), inputs['spatial_shapes'].numpy())
 
 
 @pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
@@ -56,24 +82,26 @@ def test_each_type_tokenizes_preprocesses_and_encodes_as_transformers_does(check
     backend = create_backend('torch', f'transformers:{folder}', BackendOptions(device='cpu'))
     model = t.AutoModel.from_pretrained(str(folder)).eval()
     tokenizer = t.AutoTokenizer.from_pretrained(str(folder))
-    processor = getattr(t, PIL_PROCESSORS.get(kind, 'CLIPImageProcessorPil')).from_pretrained(str(folder))
-    padding = 'max_length' if kind == 'siglip' else True  # as each model's documentation calls its processor
+    padding = 'max_length' if kind in SIGMOID else True  # as each model's documentation calls its processor
     want_tokens = tokenizer(
         TEXTS, padding=padding, truncation=True, max_length=backend.context_length, return_tensors='pt'
     )
     ours = backend.tokenizer(TEXTS)
     length = want_tokens['input_ids'].shape[1]
     np.testing.assert_array_equal(ours.input_ids[:, :length], want_tokens['input_ids'].numpy())
-    assert backend.trims_padding == (kind != 'siglip')
-    pixels = processor(_images(), return_tensors='pt')['pixel_values']
-    ours_pixels = np.stack([preprocess_image(image, backend.preprocess) for image in _images()])
-    assert np.abs(ours_pixels - pixels.numpy()).max() <= 1e-6
+    np.testing.assert_array_equal(ours.attention_mask[:, :length], want_tokens['attention_mask'].numpy())
+    assert backend.trims_padding == (kind not in SIGMOID)
+    images = _images(NAFLEX_SIZES if kind == 'siglip2' else SIZES)
+    inputs = _processor_inputs(kind, folder, images)
+    ours_pixels = np.stack([preprocess_image(image, backend.preprocess) for image in images])
+    _assert_same_pixels(ours_pixels, inputs)
     with torch.no_grad():
         texts = model.get_text_features(**want_tokens).pooler_output.numpy()
-        images = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+        want_images = model.get_image_features(**inputs).pooler_output.numpy()
     assert np.abs(backend.encode_texts(ours.input_ids, ours.attention_mask) - texts).max() <= 1e-5
-    assert np.abs(backend.encode_images(ours_pixels) - images).max() <= 1e-5
+    assert np.abs(backend.encode_images(ours_pixels) - want_images).max() <= 1e-5
     assert backend.embed_dim == texts.shape[1]
+    assert (backend.sigmoid_logits is not None) == (kind in SIGMOID)  # /rank's siglip_score
 
 
 def test_names_and_the_models_listing(checkpoints):
@@ -105,9 +133,6 @@ def test_unknown_types_and_shipped_code_are_refused(checkpoints, tmp_path):
     unknown = _copy(checkpoints['clip'], tmp_path / 'a', edit_config=lambda c: c.update(model_type='blip'))
     with pytest.raises(UnknownModelError, match="model_type 'blip'.*clip, metaclip_2"):
         resolve(parse_model_name(unknown))
-    naflex = _copy(checkpoints['siglip'], tmp_path / 'c', edit_config=lambda c: c.update(model_type='siglip2'))
-    with pytest.raises(UnknownModelError, match='SigLIP2 NaFlex .*ViT-B-16-SigLIP2::webli'):
-        resolve(parse_model_name(naflex))
     remote = _copy(
         checkpoints['clip'],
         tmp_path / 'b',
@@ -208,3 +233,118 @@ def test_truncation_is_refused_for_models_not_trained_for_it(checkpoints):
         resolve(parse_model_name(f'transformers:{checkpoints["clip"]}'), truncate_dim=32)
     with pytest.raises(UnknownModelError, match='not trained to be truncated'):
         resolve(parse_model_name('clipserve-tiny::random'), truncate_dim=32)
+
+
+# ---- SigLIP2 NaFlex: a patch grid per image ----------------------------------------------------------
+
+
+def test_siglip2_reads_its_naflex_processor_and_gemma_tokenizer_facts(checkpoints, tmp_path):
+    from clipserve.models.hf_checkpoints import split_naflex
+    from clipserve.models.preprocess import PreprocessConfig
+
+    resolved = resolve(parse_model_name(f'transformers:{checkpoints["siglip2"]}'))
+    config = resolved.preprocess
+    assert (config.resize_mode, config.patch_size, config.max_num_patches) == ('naflex', 8, 20)
+    assert config.interpolation == 'bilinear' and config.image_size == 32  # nominal: warm-up, listings
+    assert resolved.text.clean == 'siglip2' and not resolved.text.causal and resolved.context_length == 64
+    defaults = _copy(checkpoints['siglip2'], tmp_path, edit_processor=lambda p: p.pop('patch_size'))
+    assert resolve(parse_model_name(defaults)).preprocess.patch_size == 16  # the processor class's default
+    with pytest.raises(ValueError, match="'naflex' and only it needs patch_size"):
+        PreprocessConfig(resize_mode='naflex')
+    # the layout's shape columns count ones: exact in bf16 too, where 300 is not
+    arrays = np.stack([preprocess_image(image, config) for image in _images(NAFLEX_SIZES)])
+    inputs = split_naflex(torch.from_numpy(arrays).to(torch.bfloat16))
+    want = _processor_inputs('siglip2', checkpoints['siglip2'], _images(NAFLEX_SIZES))
+    assert inputs['spatial_shapes'].tolist() == want['spatial_shapes'].tolist()
+    assert inputs['pixel_attention_mask'].tolist() == want['pixel_attention_mask'].tolist()
+
+
+@pytest.fixture(scope='module')
+def siglip2_export(checkpoints, tmp_path_factory):
+    from clipserve.backends.onnx_export import export_onnx
+
+    out = tmp_path_factory.mktemp('siglip2-onnx')
+    metadata = export_onnx(f'transformers:{checkpoints["siglip2"]}', out)
+    return out, metadata
+
+
+def test_siglip2_exports_and_the_onnx_replica_equals_transformers_without_torch(checkpoints, siglip2_export, tmp_path):
+    """The graph takes naflex.py's layout and resizes the position grid itself, per image; the replica
+    preprocesses and tokenizes from clipserve.json and the tokenizer files, importing neither torch nor
+    transformers."""
+    out, metadata = siglip2_export
+    assert metadata.resize_mode == 'naflex' and (metadata.patch_size, metadata.max_num_patches) == (8, 20)
+    assert metadata.clean == 'siglip2' and metadata.max_abs_diff['visual'] <= 1e-4
+    images = _images(NAFLEX_SIZES)
+    blobs = []
+    for image in images:
+        buffer = __import__('io').BytesIO()
+        image.save(buffer, format='PNG')
+        blobs.append(buffer.getvalue())
+    (tmp_path / 'blobs.json').write_text(json.dumps([b.hex() for b in blobs]))
+    code = f"""
+import json, sys
+import numpy as np
+from clipserve.backends import BackendOptions
+from clipserve.backends.onnx_backend import OnnxBackend
+from clipserve.models.preprocess import preprocess_bytes
+backend = OnnxBackend(None, BackendOptions(device='cpu'), model_path={str(out)!r})
+blobs = [bytes.fromhex(b) for b in json.loads(open({str(tmp_path / 'blobs.json')!r}).read())]
+pixels = np.stack([preprocess_bytes(b, backend.preprocess) for b in blobs])
+tokens = backend.tokenizer({TEXTS!r})
+np.save({str(tmp_path / 'images.npy')!r}, backend.encode_images(pixels))
+np.save({str(tmp_path / 'texts.npy')!r}, backend.encode_texts(tokens.input_ids, tokens.attention_mask))
+np.save({str(tmp_path / 'ids.npy')!r}, tokens.input_ids)
+print(json.dumps({{m: m in sys.modules for m in ('torch', 'transformers', 'open_clip')}}))
+"""
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded == {'torch': False, 'transformers': False, 'open_clip': False}
+    folder = checkpoints['siglip2']
+    model = t.AutoModel.from_pretrained(str(folder)).eval()
+    tokens = t.AutoTokenizer.from_pretrained(str(folder))(
+        TEXTS, padding='max_length', truncation=True, max_length=64, return_tensors='pt'
+    )
+    np.testing.assert_array_equal(np.load(tmp_path / 'ids.npy'), tokens['input_ids'].numpy())
+    with torch.no_grad():
+        want_texts = model.get_text_features(**tokens).pooler_output.numpy()
+        want_images = model.get_image_features(**_processor_inputs('siglip2', folder, images)).pooler_output.numpy()
+    assert np.abs(np.load(tmp_path / 'texts.npy') - want_texts).max() <= 1e-4
+    assert np.abs(np.load(tmp_path / 'images.npy') - want_images).max() <= 1e-4
+
+
+def test_backends_built_around_one_image_shape_refuse_a_naflex_export(siglip2_export):
+    from clipserve.backends.export_format import read_metadata, require_fixed_size
+
+    with pytest.raises(BackendUnavailableError, match='NaFlex .*not serve; serve it with the torch or onnx'):
+        require_fixed_size(read_metadata(siglip2_export[0]), 'tensorrt')
+
+
+@pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
+def test_auto_on_a_cpu_with_native_bf16_casts_each_types_image_tower_only(checkpoints, kind, monkeypatch):
+    from clipserve.backends import precision
+    from clipserve.models.towers import image_only_modules  # noqa: F401 - what the backend uses to find the tower
+
+    monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
+    precision.cpu_bf16.cache_clear()
+    try:
+        auto = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu'))
+    finally:
+        precision.cpu_bf16.cache_clear()
+    fp32 = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu', dtype='fp32'))
+    assert auto.dtype == 'bf16 images, fp32 texts', auto.precision.reason
+    dtypes = {p.dtype for name, p in auto.model.named_parameters() if 'vision' in name or 'visual' in name}
+    assert dtypes == {torch.bfloat16}
+    texts = {p.dtype for name, p in auto.model.named_parameters() if 'text' in name}
+    assert texts == {torch.float32}
+    images = _images(NAFLEX_SIZES if kind == 'siglip2' else SIZES)
+    pixels = np.stack([preprocess_image(image, auto.preprocess) for image in images])
+    got, want = auto.encode_images(pixels), fp32.encode_images(pixels)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() > 0.99
+    tokens = auto.tokenizer(TEXTS)
+    np.testing.assert_array_equal(
+        auto.encode_texts(tokens.input_ids, tokens.attention_mask),
+        fp32.encode_texts(tokens.input_ids, tokens.attention_mask),
+    )

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import torch
+from PIL import Image
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
@@ -13,6 +14,7 @@ from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError
 from clipserve.models.loading import TORCH_DTYPES, build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
+from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 from clipserve.models.towers import TextTower, image_only_modules, sigmoid_logits
@@ -72,14 +74,16 @@ class TorchBackend(Backend):
         cast keeps fp32 images, and the reason says so.
         """
         size = self.preprocess.image_size
-        pixels = torch.zeros(1, 3, size, size, device=self.device)
+        sample = preprocess_image(Image.new('RGB', (size, size), (127, 127, 127)), self.preprocess)
+        pixels = torch.from_numpy(sample[None]).to(self.device)  # the model's own input layout (NaFlex too)
         tokens = self.tokenizer(['a photo'])
         text = tuple(
             torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
             for a in (tokens.input_ids, tokens.attention_mask)
         )
-        modules = image_only_modules(self.model, pixels, text)
+        modules = []
         try:
+            modules = image_only_modules(self.model, pixels, text)
             if not modules:
                 raise ValueError('its image and text towers share every module')
             for module in modules:

@@ -102,12 +102,15 @@ def image_only_modules(model: torch.nn.Module, pixels: torch.Tensor, text: tuple
             for handle in handles:
                 handle.remove()
 
+    def used(module) -> set[str]:  # by the module or anything inside it (get_image_features is no forward())
+        return set().union(calls.get(module, set()), *(calls.get(m, set()) for m in module.modules()))
+
     def split(module):
         for child in module.children():
-            used = calls.get(child, set())
-            if used == {'image'}:
+            towers = used(child)
+            if towers == {'image'}:
                 yield child
-            elif used == {'image', 'text'}:
+            elif towers == {'image', 'text'}:
                 yield from split(child)
 
     return list(split(model))
