@@ -481,3 +481,20 @@ def remote_code_checkpoint(folder: Path) -> Path:
     (folder / 'config.json').write_text(json.dumps(saved))
     CLIPImageProcessorPil(size={'shortest_edge': 32}, crop_size={'height': 32, 'width': 32}).save_pretrained(folder)
     return folder
+
+
+def remote_code_in_another_repository(
+    folder: Path, cache: Path, repo: str = 'clipserve-tests/tiny-implementation'
+) -> Path:
+    """remote_code_checkpoint whose code lives in another hub repository (auto_map 'repo--module.Class', as Jina
+    CLIP v2's points into jinaai/jina-clip-implementation), that repository laid out in the hub cache `cache`."""
+    remote_code_checkpoint(folder)
+    snapshot = cache / f'models--{repo.replace("/", "--")}' / 'snapshots' / ('0' * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / 'refs').mkdir()
+    (snapshot.parent.parent / 'refs' / 'main').write_text('0' * 40)
+    (folder / 'modeling_tiny.py').rename(snapshot / 'modeling_tiny.py')
+    config = json.loads((folder / 'config.json').read_text())
+    config['auto_map'] = {key: f'{repo}--{value}' for key, value in config['auto_map'].items()}
+    (folder / 'config.json').write_text(json.dumps(config))
+    return folder

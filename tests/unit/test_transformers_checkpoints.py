@@ -348,3 +348,29 @@ def test_auto_on_a_cpu_with_native_bf16_casts_each_types_image_tower_only(checkp
         auto.encode_texts(tokens.input_ids, tokens.attention_mask),
         fp32.encode_texts(tokens.input_ids, tokens.attention_mask),
     )
+
+
+def test_code_from_another_repository_is_fetched_into_the_cache_logged_and_run_only_with_the_opt_in(
+    tmp_path, monkeypatch, caplog
+):
+    import hashlib
+
+    from ..model_folders import remote_code_in_another_repository
+
+    cache = tmp_path / 'cache'
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(cache))
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    folder = remote_code_in_another_repository(tmp_path / 'tiny-remote', cache)
+    name = f'transformers:{folder}'
+    with pytest.raises(UnknownModelError, match=r'modeling_tiny\.py from clipserve-tests/tiny-implementation'):
+        create_backend('torch', name, BackendOptions(device='cpu'))
+    with caplog.at_level('WARNING', logger='clipserve.models.hf_checkpoints'):
+        backend = create_backend('torch', name, BackendOptions(device='cpu', trust_remote_code=True))
+    code = next(cache.glob('models--clipserve-tests--tiny-implementation/snapshots/*/modeling_tiny.py'))
+    digest = hashlib.sha256(code.read_bytes()).hexdigest()
+    assert f'clipserve-tests/tiny-implementation/modeling_tiny.py sha256={digest}' in caplog.text
+    tokens = backend.tokenizer(TEXTS)
+    assert backend.encode_texts(tokens.input_ids, tokens.attention_mask).shape == (len(TEXTS), backend.embed_dim)
+    code.unlink()  # not in the cache, and offline: a clear error naming the repository
+    with pytest.raises(WeightsUnavailableError, match=r"repository 'clipserve-tests/tiny-implementation'"):
+        create_backend('torch', name, BackendOptions(device='cpu', trust_remote_code=True))

@@ -113,8 +113,8 @@ def checkpoint_folder(name: ModelName) -> Path:
                 f'{CONFIG_FILE}, the weights ({" or ".join(WEIGHTS_FILES[::2])}), {TOKENIZER_FILE} and {PROCESSOR_FILE}'
             )
         return local
-    # *.py: a checkpoint's own model code, run only with trust_remote_code (code in another repository is
-    # not fetched: copy it into a local folder)
+    # *.py: a checkpoint's own model code, run only with trust_remote_code (code in another repository:
+    # remote_code_files)
     patterns = [CONFIG_FILE, PROCESSOR_FILE, 'model*.safetensors*', 'pytorch_model.bin', '*.py', *TOKENIZER_FILES]
     try:
         return hub_snapshot(source, patterns, required=CONFIG_FILE)
@@ -141,13 +141,43 @@ def code_files(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob('*.py'))}
 
 
+def code_repositories(config: dict) -> dict[str, str]:
+    """Repositories whose code config.json's auto_map names ('org/repo--module.Class', as Jina CLIP v2's
+    points into jinaai/jina-clip-implementation), each with the module file it names first."""
+    found: dict[str, str] = {}
+    for value in (config.get('auto_map') or {}).values():
+        for reference in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(reference, str) and '--' in reference:
+                repo, _, target = reference.partition('--')
+                found.setdefault(repo, target.rsplit('.', 1)[0] + '.py')
+    return found
+
+
+def remote_code_files(folder: Path, config: dict) -> dict[str, str]:
+    """Every Python file the model's code comes from, with its sha256: the folder's own, and those of the
+    repositories its auto_map names, fetched into clipserve's cache (where transformers then finds them)."""
+    files = code_files(folder)
+    for repo, module in code_repositories(config).items():
+        try:
+            code = hub_snapshot(repo, ['*.py'], required=module)
+        except HubFileUnavailable as e:
+            raise WeightsUnavailableError(
+                f"{str(folder)!r}'s auto_map runs code from the repository {repo!r} ({module}), which is not in the "
+                f'cache {str(cache_dir())!r} and cannot be downloaded: {e}. Fetch it once with network access, or '
+                'copy its .py files into the checkpoint folder and point auto_map at them'
+            ) from e
+        files.update({f'{repo}/{name}': digest for name, digest in code_files(code).items()})
+    return files
+
+
 def model_type(folder: Path, trust_remote_code: bool = False) -> str:
     """The checkpoint's model_type, if clipserve serves it; a checkpoint with its own code only when allowed."""
     config = _read_json(folder / CONFIG_FILE)
     kind = config.get('model_type')
     if config.get('auto_map'):
         if not trust_remote_code:
-            files = ', '.join(code_files(folder)) or 'none in the folder'
+            elsewhere = [f'{module} from {repo}' for repo, module in code_repositories(config).items()]
+            files = ', '.join([*code_files(folder), *elsewhere]) or 'none in the folder'
             raise UnknownModelError(
                 f'{str(folder)!r} is a model with its own code (config.json has an auto_map; files: {files}). '
                 'clipserve does not run code shipped with a checkpoint unless the operator allows it with '
@@ -263,7 +293,7 @@ def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int 
             'embed_dim': int(embed_dim),
             'model_type': kind,
             'text_inputs': inputs,
-            'remote_code': code_files(folder) if config.get('auto_map') else None,
+            'remote_code': remote_code_files(folder, config) if config.get('auto_map') else None,
             'truncate_dim': truncate_dim,
         },
         pretrained_cfg={},
@@ -353,7 +383,11 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
         )
     try:
         model = transformers.AutoModel.from_pretrained(
-            str(folder), local_files_only=True, trust_remote_code=remote is not None, dtype=torch.float32
+            str(folder),
+            local_files_only=True,
+            trust_remote_code=remote is not None,
+            dtype=torch.float32,
+            cache_dir=str(cache_dir()),  # where remote_code_files put code from other repositories
         )
     except (OSError, ValueError, RuntimeError) as e:
         raise WeightsUnavailableError(f'cannot load the checkpoint in {str(folder)!r}: {type(e).__name__}: {e}') from e
