@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# clipserve container image. One Dockerfile, three variants, picked with a build argument:
+# clipserve container image. One Dockerfile, four variants, picked with a build argument:
 #
 #   docker build -t clipserve:cpu-torch .                                  # default: PyTorch, CPU only
 #   docker build -t clipserve:cpu-onnx --build-arg VARIANT=cpu-onnx .      # ONNX Runtime only, no torch: the smallest
+#   docker build -t clipserve:cpu-openvino --build-arg VARIANT=cpu-openvino .   # OpenVINO only, no torch (CPUs)
 #   docker build -t clipserve:cuda     --build-arg VARIANT=cuda .          # PyTorch + onnxruntime-gpu (CUDA 13 wheels)
 #
-# The image serves a Flow: `python -m clipserve flows/torch.yml` (flows/onnx.yml for cpu-onnx),
+# The image serves a Flow: `python -m clipserve flows/torch.yml` (flows/onnx.yml for cpu-onnx,
+# flows/openvino.yml for cpu-openvino),
 # gRPC on 51000. The model comes from the environment variables the flows read: CLIPSERVE_MODEL,
 # CLIPSERVE_MODEL_PATH, CLIPSERVE_DEVICE, CLIPSERVE_DTYPE. Weights are cached in the /cache volume.
 # Its working directory also holds config.yml (the CLIPEncoder hub config by default, or
@@ -56,13 +58,14 @@ RUN set -eu; \
     case "$VARIANT" in \
       cpu-torch) extras="torch"; if [ -n "$TORCH_CPU_INDEX" ]; then index="--extra-index-url $TORCH_CPU_INDEX"; fi ;; \
       cpu-onnx)  extras="onnx" ;; \
+      cpu-openvino) extras="openvino" ;; \
       cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; fi ;; \
-      *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx or cuda)" >&2; exit 1 ;; \
+      *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx, cpu-openvino or cuda)" >&2; exit 1 ;; \
     esac; \
     if [ -n "${MORE_EXTRAS:-}" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
     /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
-    if [ "$VARIANT" = "cpu-onnx" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
-      echo "cpu-onnx must not contain torch" >&2; exit 1; \
+    if [ "$VARIANT" != "cpu-torch" ] && [ "$VARIANT" != "cuda" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
+      echo "$VARIANT must not contain torch" >&2; exit 1; \
     fi; \
     /opt/venv/bin/python -c "import clipserve; print('clipserve', clipserve.__version__)"
 
@@ -110,6 +113,12 @@ FROM runtime AS variant-cpu-onnx
 # `python -m clipserve export onnx` (needs torch, so do it elsewhere): this image cannot export.
 ENV CLIPSERVE_BACKEND=onnx
 CMD ["flows/onnx.yml"]
+
+FROM runtime AS variant-cpu-openvino
+# As cpu-onnx, on OpenVINO (CLIPSERVE_BACKEND for the hub config.yml): serves an export made elsewhere.
+# Intel GPUs (device gpu) also need Intel's GPU driver in the image, which this variant does not install.
+ENV CLIPSERVE_BACKEND=openvino
+CMD ["flows/openvino.yml"]
 
 FROM runtime AS variant-cuda
 # torch 2.14.1 and onnxruntime-gpu bring CUDA 13 and cuDNN 9 as pip wheels; the host supplies only the

@@ -3,16 +3,17 @@
     .venv/bin/python benchmarks/precision.py [--model ViT-B-32::random] [--images 200] [--seconds 3]
     .venv/bin/python benchmarks/precision.py --ckpt ViT-B-32::/path/weights.safetensors --image-dir ./photos
 
-For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8; torch auto is bf16 images where the
-CPU computes bf16 natively, what a Flow serves by default): the cosine of each text and image embedding to
-torch fp32's (min and mean), the top-10 agreement of a text-to-image retrieval (for each caption, the share
-of fp32's ten best images that the configuration also ranks in its ten best), how much an embedding
-depends on what shares its batch (16 texts and images encoded alone vs in their batch: the minimum
-cosine), and model-only texts/s and images/s, each bracketed by torch fp32 measured just before and
-after it. Without --ckpt the model has seeded random weights and the images are generated (random shapes on
-random backgrounds): the figures say how much a precision perturbs embeddings and rankings of this
-architecture, not how a trained model's accuracy changes; run it with --ckpt on your own weights and
-images for that. Prints a table, writes benchmarks/results/precision.json and precision.png.
+For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8, openvino fp32 / bf16 / int8 where
+installed; torch auto is bf16 images where the CPU computes bf16 natively, what a Flow serves by default):
+the cosine of each text and image embedding to torch fp32's (min and mean), the top-10 agreement of a
+text-to-image retrieval (for each caption, the share of fp32's ten best images that the configuration also
+ranks in its ten best), how much an embedding depends on what shares its batch (16 texts and images
+encoded alone vs in their batch: the minimum cosine), and model-only texts/s and images/s, each bracketed
+by torch fp32 measured just before and after it. Without --ckpt the model has seeded random weights and
+the images are generated (random shapes on random backgrounds): the figures say how much a precision
+perturbs embeddings and rankings of this architecture, not how a trained model's accuracy changes; run it
+with --ckpt on your own weights and images for that. Prints a table, writes
+benchmarks/results/precision.json and precision.png.
 """
 
 from __future__ import annotations
@@ -100,6 +101,12 @@ def main() -> None:
     # torch auto: what a Flow serves by default (bf16 images where the CPU computes bf16 natively)
     configs = {'torch fp32': ('torch', 'fp32'), 'torch auto': ('torch', 'auto'), 'torch bf16': ('torch', 'bf16')}
     configs.update({'onnx fp32': ('onnx', 'fp32'), 'onnx int8': ('onnx', 'int8')})
+    try:
+        import openvino  # noqa: F401 - the openvino extra
+
+        configs.update({f'openvino {d}': ('openvino', d) for d in ('fp32', 'bf16', 'int8')})
+    except ImportError:
+        print('openvino is not installed (pip install "clipserve[openvino]"): its rows are left out')
     if not native_bf16:
         print('this CPU has no native bf16 (avx512_bf16 / amx_bf16): torch bf16 is emulated, shown for completeness')
     backends = {
@@ -107,7 +114,7 @@ def main() -> None:
             kind,
             name if kind == 'torch' else None,
             BackendOptions(device='cpu', dtype=dtype),
-            model_path=str(exported) if kind == 'onnx' else None,
+            model_path=None if kind == 'torch' else str(exported),
         )
         for label, (kind, dtype) in configs.items()
     }

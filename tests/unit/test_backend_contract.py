@@ -1,11 +1,17 @@
 """backends/base.py: what every backend gets from the base class, once: padding or trimming of token
-batches by the backend's declared rule, and chunking by its `max_batch` (and the CPU image chunk)."""
+batches by the backend's declared rule, and chunking by its `max_batch` (and the CPU image chunk); then
+the contract itself, kept by every real CPU backend on the same tiny model."""
+
+import importlib.util
+import os
 
 import numpy as np
 import pytest
 
 from clipserve.backends.base import Backend
 from clipserve.models.preprocess import PreprocessConfig
+
+from ..conftest import TINY
 
 
 class RecordingBackend(Backend):
@@ -71,3 +77,64 @@ def test_on_a_cpu_images_run_in_cpu_chunks():
     backend = RecordingBackend(trims_padding=True)
     backend.encode_images(np.zeros((19, 3, 2, 2), dtype=np.float32))
     assert [p[0] for p in backend.passes] == [8, 8, 3]
+
+
+# ---- the contract, on every real CPU backend --------------------------------------------------
+
+# CI installs every CPU runtime (the test extra): there a missing one fails instead of skipping
+RUNTIMES = {'torch': 'torch', 'onnx': 'onnxruntime', 'openvino': 'openvino'}
+
+
+@pytest.fixture(scope='module')
+def tiny_export(tmp_path_factory):
+    from clipserve.backends.onnx_export import export_onnx
+
+    out = tmp_path_factory.mktemp('tiny-onnx')
+    export_onnx(TINY, out)
+    return out
+
+
+@pytest.fixture(scope='module', params=list(RUNTIMES))
+def real_backend(request, tiny_export):
+    from clipserve.backends import BackendOptions, create_backend
+
+    if importlib.util.find_spec(RUNTIMES[request.param]) is None and not os.environ.get('CI'):
+        pytest.skip(f'{RUNTIMES[request.param]} is not installed')
+    model_path = None if request.param == 'torch' else str(tiny_export)
+    backend = create_backend(request.param, TINY, BackendOptions(device='cpu', dtype='fp32'), model_path=model_path)
+    yield backend
+    backend.close()
+
+
+def test_every_backend_answers_float32_rows_of_its_dimension(real_backend):
+    b = real_backend
+    tokens = b.tokenizer(['a dog', 'a photo of a cat on a mat'])
+    texts = b.encode_texts(tokens.input_ids, tokens.attention_mask)
+    images = b.encode_images(np.zeros((3, 3, b.image_size, b.image_size), dtype=np.float32))
+    for out, rows in ((texts, 2), (images, 3)):
+        assert out.shape == (rows, b.embed_dim) and out.dtype == np.float32 and out.flags.c_contiguous
+        assert np.isfinite(out).all()
+    assert b.encode_texts(np.zeros((0, 77), dtype=np.int64)).shape == (0, b.embed_dim)
+    assert b.encode_images(np.zeros((0, 3, b.image_size, b.image_size), dtype=np.float32)).shape == (0, b.embed_dim)
+    assert (b.device, b.dtype, b.precision.name) == ('cpu', 'fp32', 'fp32') and b.name in b.describe()
+
+
+def test_every_backend_encodes_a_row_the_same_alone_or_in_any_batch(real_backend):
+    b = real_backend
+    texts = ['a dog', 'a much longer caption about a dog on a red chair', '!']
+    tokens = b.tokenizer(texts)
+    together = b.encode_texts(tokens.input_ids, tokens.attention_mask)
+    for i, text in enumerate(texts):  # alone, a short text runs at its own length where padding is trimmed
+        alone = b.tokenizer([text])
+        np.testing.assert_allclose(b.encode_texts(alone.input_ids, alone.attention_mask)[0], together[i], atol=1e-5)
+    pixels = np.random.default_rng(0).normal(size=(10, 3, b.image_size, b.image_size)).astype(np.float32)
+    np.testing.assert_allclose(b.encode_images(pixels)[9:], b.encode_images(pixels[9:]), atol=1e-5)  # 8 + 2
+
+
+def test_every_backend_counts_its_forward_passes(real_backend):
+    b = real_backend
+    before = (b.model_calls, b.images_encoded, b.texts_encoded)
+    b.encode_images(np.zeros((2, 3, b.image_size, b.image_size), dtype=np.float32))
+    tokens = b.tokenizer(['a', 'b', 'c'])
+    b.encode_texts(tokens.input_ids, tokens.attention_mask)
+    assert (b.model_calls, b.images_encoded, b.texts_encoded) == (before[0] + 2, before[1] + 2, before[2] + 3)

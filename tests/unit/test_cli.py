@@ -53,6 +53,7 @@ def test_the_wheel_carries_every_shipped_flow_where_the_cli_looks(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     data = sorted(Path(n).name for n in names if f'.data/data/{cli.INSTALLED_FLOWS.as_posix()}/' in n)
     assert data == SHIPPED
+    assert 'clipserve/static/playground.html' in names  # the gateway's /playground page
 
 
 def test_models_lists_every_pretrained_pair_with_its_facts(capsys):
@@ -72,7 +73,7 @@ def test_models_lists_every_pretrained_pair_with_its_facts(capsys):
     assert (openai['tokenizer'], openai['context_length'], openai['backends']) == (
         'open_clip BPE',
         77,
-        'torch, onnx, tensorrt',
+        'torch, onnx, openvino, tensorrt',
     )
     assert rows['ViT-H-14-worldwide::metaclip2_worldwide']['family'] == 'MetaCLIP 2'
 

@@ -102,7 +102,7 @@ def test_verification_rejects_a_wrong_graph(tiny_export, tmp_path):
     with torch.no_grad():
         other.visual.ln_post.bias += 1  # different weights than the exported graph
     with pytest.raises(ExportError, match='visual.onnx differs'):
-        verify_export(tiny_export[0], ImageTower(other), TextTower(other), Tokenizer(), resolved.preprocess.image_size)
+        verify_export(tiny_export[0], ImageTower(other), TextTower(other), Tokenizer(), resolved.preprocess)
 
 
 @pytest.mark.parametrize('make', [lambda p: p / 'missing', lambda p: p])

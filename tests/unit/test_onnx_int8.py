@@ -47,5 +47,5 @@ def test_int8_is_a_cached_quantized_copy_close_to_fp32(exported, tmp_path, monke
 
 
 def test_int8_is_the_onnx_backends_on_cpus_only():
-    with pytest.raises(BackendUnavailableError, match="int8 is the onnx backend's"):
+    with pytest.raises(BackendUnavailableError, match='int8 runs on the onnx and openvino backends'):
         create_backend('torch', TINY, BackendOptions(device='cpu', dtype='int8'))

@@ -42,7 +42,7 @@ def test_every_listed_precision_is_accepted_as_written():
         ('onnx', 'cuda', 'bf16', 'onnx backend runs fp32 or fp16'),
         ('tensorrt', 'cuda', 'bf16', 'fp16 or fp32 engines'),
         ('torch', 'cpu', 'int4', "one of 'fp32', 'fp16', 'bf16'"),
-        ('torch', 'cpu', 'int8', "int8 is the onnx backend's"),
+        ('torch', 'cpu', 'int8', 'int8 runs on the onnx and openvino backends'),
         ('onnx', 'cuda', 'int8', 'int8 ONNX copies run on CPUs'),
     ],
 )

@@ -19,11 +19,11 @@ import pytest
 
 from clipserve.backends import BackendOptions, create_backend, tensorrt_profiles, tensorrt_runtime
 from clipserve.backends import tensorrt_backend as trb
+from clipserve.backends.export_format import locate_export
 from clipserve.backends.tensorrt_cache import (
     EngineKey,
     engine_path,
     load_or_build,
-    locate_export,
     onnx_sha256,
     sidecar_path,
     stale_reason,
@@ -486,14 +486,15 @@ def test_numpy_dtype_of_engine_tensors():
 
 
 def test_model_path_must_be_a_clipserve_export(tmp_path):
-    with pytest.raises(WeightsUnavailableError, match='visual.onnx, textual.onnx, clipserve.json'):
-        locate_export(None, str(tmp_path))
+    required = ('visual.onnx', 'textual.onnx', 'clipserve.json')  # what the tensorrt backend asks for
+    with pytest.raises(WeightsUnavailableError, match='missing: visual.onnx, textual.onnx, clipserve.json'):
+        locate_export(None, str(tmp_path), required=required)
     for name in ('visual.onnx', 'textual.onnx'):
         (tmp_path / name).write_bytes(b'')
-    with pytest.raises(WeightsUnavailableError, match='lacks clipserve.json.*clipserve export onnx'):
-        locate_export(None, str(tmp_path))
+    with pytest.raises(WeightsUnavailableError, match=r'missing: clipserve.json\).*clipserve export onnx'):
+        locate_export(None, str(tmp_path), required=required)
     (tmp_path / 'clipserve.json').write_text('{}')
-    assert locate_export(None, str(tmp_path)) == tmp_path
+    assert locate_export(None, str(tmp_path), required=required) == tmp_path
 
 
 def test_model_name_uses_the_onnx_export_cache(cache, monkeypatch):

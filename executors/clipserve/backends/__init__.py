@@ -5,7 +5,7 @@ from __future__ import annotations
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.models.names import ModelName
 
-BACKENDS = ('torch', 'onnx', 'tensorrt')
+BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
 
 
 def create_backend(
@@ -17,7 +17,7 @@ def create_backend(
 ) -> Backend:
     """Build the backend `kind` for `model` (a parsed ModelName, or a name to parse); imports the runtime only now.
 
-    `model_path` is a directory of exported files (onnx, tensorrt); the torch backend takes its weights
+    `model_path` is a directory of exported files (onnx, openvino, tensorrt); the torch backend takes its weights
     from the model name instead (`arch::/path/to/checkpoint`). `max_batch` is the largest batch the
     caller sends (the executor's minibatch_size): tensorrt builds its engines for 1..max_batch (default
     32); the other backends take any batch and ignore it.
@@ -40,6 +40,16 @@ def create_backend(
                 f'the onnx backend needs onnxruntime ({e}); install the onnx extra: pip install "clipserve[onnx]"'
             ) from e
         return OnnxBackend(model, options, model_path=model_path)
+    if kind == 'openvino':
+        try:
+            from clipserve.backends.openvino_backend import OpenVINOBackend
+        except ImportError as e:
+            from clipserve.errors import BackendUnavailableError
+
+            raise BackendUnavailableError(
+                f'the openvino backend needs OpenVINO ({e}); install the openvino extra: pip install "clipserve[openvino]"'
+            ) from e
+        return OpenVINOBackend(model, options, model_path=model_path)
     if kind == 'tensorrt':
         # The module imports without TensorRT; its constructor imports TensorRT and, when that fails,
         # raises BackendUnavailableError with the install command (never a fallback to another backend).

@@ -202,6 +202,28 @@ def export_in_subprocess(name: str, target: Path, flags: list[str] | None = None
         raise WeightsUnavailableError(f'exporting {name} to ONNX failed:\n{result.stderr[-4000:]}')
 
 
+def locate_export(
+    model: str | None,
+    model_path: str | None,
+    trust_remote_code: bool = False,
+    truncate_dim: int | None = None,
+    required: tuple[str, ...] = GRAPH_FILES,
+) -> Path:
+    """The export folder a backend serves: `model_path` (holding `required`), else the cached export of `model`
+    (made on first use)."""
+    if model_path:
+        folder = Path(model_path).expanduser()
+        missing = missing_files(folder, required)
+        if not folder.is_dir() or missing:
+            raise WeightsUnavailableError(
+                f'model_path {str(folder)!r} must be a directory holding {" and ".join(required)} '
+                f'(missing: {", ".join(missing) if folder.is_dir() else "the directory itself"}); '
+                'write one with `python -m clipserve export onnx NAME DIR`'
+            )
+        return folder
+    return cached_export(model, trust_remote_code, truncate_dim)
+
+
 def cached_export(name: str, trust_remote_code: bool = False, truncate_dim: int | None = None) -> Path:
     """The cached export of model `name`, exported on first use."""
     target = export_cache_dir(name, trust_remote_code=trust_remote_code, truncate_dim=truncate_dim)

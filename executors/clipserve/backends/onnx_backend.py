@@ -18,21 +18,19 @@ import onnxruntime as ort
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import parse_device
 from clipserve.backends.export_format import (
-    GRAPH_FILES,
     TEXTUAL_FILE,
     VISUAL_FILE,
     ExportMetadata,
-    cached_export,
     clip_as_service_metadata,
     export_tokenizer,
     has_metadata,
-    missing_files,
+    locate_export,
     read_metadata,
 )
 from clipserve.backends.onnx_fp16 import fp16_copy
 from clipserve.backends.onnx_int8 import int8_copy
 from clipserve.backends.precision import resolve_precision
-from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
+from clipserve.errors import BackendUnavailableError
 
 _NP_TYPES = {
     'tensor(int32)': np.int32,
@@ -62,7 +60,7 @@ class OnnxBackend(Backend):
         self.device = self._pick_device(options.device)
         self.precision = resolve_precision('onnx', self.device, options.dtype)
         self.dtype = self.precision.name
-        folder = self._locate(model, model_path, options)
+        folder = locate_export(model, model_path, options.trust_remote_code, options.truncate_dim)
         self.folder = folder
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -107,19 +105,6 @@ class OnnxBackend(Backend):
                 'with onnxruntime), or use device "cpu".'
             )
         return str(parsed)
-
-    def _locate(self, model: str | None, model_path: str | None, options: BackendOptions) -> Path:
-        if model_path:
-            folder = Path(model_path).expanduser()
-            missing = missing_files(folder)
-            if not folder.is_dir() or missing:
-                raise WeightsUnavailableError(
-                    f'model_path {str(folder)!r} must be a directory holding {" and ".join(GRAPH_FILES)} '
-                    f'(missing: {", ".join(missing) if folder.is_dir() else "the directory itself"}); '
-                    'write one with `python -m clipserve export onnx NAME DIR`'
-                )
-            return folder
-        return cached_export(model, options.trust_remote_code, options.truncate_dim)
 
     def _metadata(self, folder: Path, model: str | None) -> ExportMetadata:
         if has_metadata(folder):

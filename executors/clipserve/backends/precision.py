@@ -37,7 +37,7 @@ _WHY_NOT = {
     ('onnx', 'cpu', 'fp16'): 'fp16 ONNX models run on CUDA only',
     ('onnx', 'cpu', 'bf16'): 'onnxruntime has no fast bf16 kernels for CPUs; use int8 (a quantized copy) or fp32',
     ('tensorrt', 'cuda', 'bf16'): 'the tensorrt backend builds fp16 or fp32 engines',
-    ('torch', 'cpu', 'int8'): "int8 is the onnx backend's (a dynamically quantized copy of the export)",
+    ('torch', 'cpu', 'int8'): 'int8 runs on the onnx and openvino backends (int8 weights of the export)',
     ('onnx', 'cuda', 'int8'): 'int8 ONNX copies run on CPUs (dynamic quantization); use fp16 on CUDA',
     ('openvino', 'cpu', 'fp16'): "OpenVINO's CPU plugin computes fp32, bf16 or int8",
     ('openvino', 'gpu', 'bf16'): 'the openvino backend runs fp16 or fp32 on Intel GPUs',
@@ -104,7 +104,9 @@ def resolve_precision(
     if not native:
         return Precision('fp32', 'fp32', f'auto: fp32, {why}')
     images, texts = CPU_BF16_AUTO[backend]
-    return Precision(images, texts, f'auto: {why}; {texts} texts (faster there)')
+    if images == texts:
+        return Precision(images, texts, f'auto: {why}')
+    return Precision(images, texts, f'auto: {why}; {texts} texts (faster there on this backend)')
 
 
 @lru_cache(maxsize=1)

@@ -20,13 +20,19 @@ from pathlib import Path
 import numpy as np
 
 from clipserve.backends.base import Backend, BackendOptions
-from clipserve.backends.export_format import export_tokenizer, read_metadata, require_fixed_size
+from clipserve.backends.export_format import (
+    GRAPH_FILES,
+    METADATA_FILE,
+    export_tokenizer,
+    locate_export,
+    read_metadata,
+    require_fixed_size,
+)
 from clipserve.backends.precision import resolve_precision
 from clipserve.backends.tensorrt_cache import (
     EngineKey,
     engine_path,
     load_or_build,
-    locate_export,
     onnx_sha256,
     timing_cache_path,
 )
@@ -77,7 +83,9 @@ class TensorRTBackend(Backend):
         self.dtype = self.precision.name
         self.gpu = cuda_device(cudart, index, str(options.device or 'cuda'))
         self.device = f'cuda:{index}'
-        folder = locate_export(model, model_path)
+        folder = locate_export(
+            model, model_path, options.trust_remote_code, options.truncate_dim, (*GRAPH_FILES, METADATA_FILE)
+        )
         metadata = read_metadata(folder)
         require_fixed_size(metadata, 'tensorrt')
         self.folder = folder

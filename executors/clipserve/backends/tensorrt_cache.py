@@ -13,8 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from clipserve.backends.export_format import GRAPH_FILES, METADATA_FILE, cached_export, missing_files
-from clipserve.errors import EngineBuildError, WeightsUnavailableError
+from clipserve.errors import EngineBuildError
 from clipserve.models.cache import cache_dir
 
 ENGINE_FORMAT = 1  # bump when what goes into an engine changes (builder flags, profiles), so caches rebuild
@@ -180,20 +179,3 @@ def load_or_build(engine_file: Path, key: EngineKey, deserialize, build):
     if engine is None:
         raise EngineBuildError(f'TensorRT built the {key.tower} engine but could not deserialize it ({engine_file})')
     return engine, reason
-
-
-# ---- the export TensorRT builds from ------------------------------------------------------------
-
-
-def locate_export(model: str | None, model_path: str | None) -> Path:
-    """The directory of clipserve's ONNX export: `model_path`, else the export cache (exporting on first use)."""
-    if model_path:
-        folder = Path(model_path).expanduser()
-        missing = missing_files(folder, (*GRAPH_FILES, METADATA_FILE))
-        if missing:
-            raise WeightsUnavailableError(
-                f'the tensorrt backend builds from a clipserve ONNX export; {str(folder)!r} lacks '
-                f'{", ".join(missing)}. Write one with `python -m clipserve export onnx NAME DIR` and pass model_path=DIR.'
-            )
-        return folder
-    return cached_export(model)

@@ -15,7 +15,7 @@ from clipserve.models import cnclip, hf_checkpoints, mclip, registry
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
 
-BACKENDS = ('torch', 'onnx', 'tensorrt')
+BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
 
 # (substring of the architecture, lower case, family), first match wins
 _ARCH_FAMILIES = (
