@@ -24,7 +24,10 @@ class CLIPEncoder(CLIPExecutorBase):
         options = request_options(parameters, self.access_paths, self.logger)
         selected = docs[options.access_paths]
         self.metrics.docs(self.backend.model_name, 'encode', len(selected))
-        self.encode_documents(selected, options.drop_image_content)
+        if options.token_counts:  # only then: subclasses that override encode_documents keep working
+            self.encode_documents(selected, options.drop_image_content, count_tokens=True)
+        else:
+            self.encode_documents(selected, options.drop_image_content)
         return docs
 
     @requests(on='/encode')

@@ -12,6 +12,7 @@ from docarray import DocumentArray
 
 from clipserve.backends.base import Backend
 from clipserve.documents import drop_image_content, image_loader, split_texts_images
+from clipserve.endpoints import TOKEN_COUNT_TAG
 from clipserve.errors import InvalidDocumentError
 from clipserve.metrics import Metrics
 from clipserve.models.preprocess import PreprocessConfig
@@ -29,11 +30,14 @@ class DocumentEncoder:
     preprocess_config: PreprocessConfig
     metrics: Metrics
 
-    def encode(self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None) -> None:
+    def encode(
+        self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None, count_tokens: bool = False
+    ) -> None:
         """Embed every text and image document in place; raise InvalidDocumentError naming the bad ones.
 
         `skip` holds ids (Python `id()`) of documents that keep the embedding they already have.
         Images that fail to load are named in the error; the others are still embedded.
+        `count_tokens` writes each text's token count into its tags (TOKEN_COUNT_TAG).
         """
         skip = skip or set()
         texts, images = split_texts_images(d for d in docs if id(d) not in skip)
@@ -52,10 +56,13 @@ class DocumentEncoder:
                     drop_image_content(doc)
         if texts:
             times = StageTimes()
-            embeddings = self.pipeline.encode_texts([d.text for d in texts], times)
+            counts = [] if count_tokens else None
+            embeddings = self.pipeline.encode_texts([d.text for d in texts], times, counts)
             self.metrics.stage_times(model, 'text', times.preprocess, times.inference)
             for doc, row in zip(texts, embeddings):
                 doc.embedding = row
                 doc.mime_type = 'text'
+            for doc, count in zip(texts, counts or ()):
+                doc.tags[TOKEN_COUNT_TAG] = count
         if failures:
             raise InvalidDocumentError(failures)

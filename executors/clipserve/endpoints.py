@@ -10,6 +10,8 @@ from docarray import Document, DocumentArray
 
 INFO_ENDPOINT = '/clipserve/info'
 READY_ENDPOINT = '/clipserve/ready'
+# a text document's token count, written into its tags when the request asks (options.TOKEN_COUNTS_PARAMETER)
+TOKEN_COUNT_TAG = 'clipserve_tokens'
 _REPORT_ID = 'clipserve-ready-shard-'  # one document per shard: a head polling ALL merges them by id
 
 

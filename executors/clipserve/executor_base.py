@@ -158,7 +158,7 @@ class CLIPExecutorBase(Executor):
             install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
         self.logger.info(
             f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
-            f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}'
+            f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}'
         )
 
     def _warm_up(self) -> float:
@@ -212,9 +212,12 @@ class CLIPExecutorBase(Executor):
         b = self.backend
         return {
             'model': b.model_name,
+            'configured_name': self._configured_name,  # the gateway's /v1/models lists both names
+            'serve_default': self.serve_default,  # which model answers /encode without a model name
             'backend': b.name,
             'device': b.device,
             'dtype': b.dtype,
+            'precision': b.precision.as_dict(),
             'embed_dim': b.embed_dim,
             'image_size': b.image_size,
             'trims_padding': b.trims_padding,
@@ -244,8 +247,10 @@ class CLIPExecutorBase(Executor):
 
     # ---- encoding and ranking (encoding.py, rank.py) -------------------------------------------
 
-    def encode_documents(self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None) -> None:
-        self.encoder.encode(docs, drop_images, skip)
+    def encode_documents(
+        self, docs: DocumentArray, drop_images: bool, skip: set[int] | None = None, count_tokens: bool = False
+    ) -> None:
+        self.encoder.encode(docs, drop_images, skip, count_tokens)
 
     @requests(on='/rank')
     def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):

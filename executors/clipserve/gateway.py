@@ -6,6 +6,9 @@
 ReadyGateway answers "is every copy of every executor up?" on each protocol (see `readiness.py`):
 gRPC health service `readiness`, HTTP/WebSocket port `GET /readyz` (200 or 503) and `GET /livez`.
 
+Both serve, on their HTTP port, the OpenAI-compatible routes `/v1/models`, `/v1/embeddings`, `/v1/rank`
+and the playground page `/playground` (see `openai_gateway.py`).
+
 ClipServeGateway adds a shared token, checked on gRPC, HTTP and WebSocket.
 
 Every request must carry the token from `CLIPSERVE_AUTH_TOKEN` (the gateway's environment): gRPC as
@@ -13,7 +16,8 @@ metadata `authorization`, HTTP/WebSocket as an `Authorization` header (what clip
 clipserve_client send; `Bearer <token>` is accepted too). Secure by default: without a token the
 gateway refuses to start, unless the operator opts out explicitly with `auth: 'off'` (YAML
 `uses_with`) or `CLIPSERVE_AUTH=off`, which it then logs at every start. Only health and readiness
-checks answer without the token, and they reveal nothing beyond "ready" or "not ready".
+checks answer without the token, and they reveal nothing beyond "ready" or "not ready"; and the
+playground page itself (a static file: the calls it makes carry the token the user types into it).
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from grpc_health.v1 import health_pb2
 from jina.proto import jina_pb2
 from jina.serve.runtimes.gateway.composite import CompositeGateway
 from jina.serve.runtimes.servers.grpc import GRPCServer
-from jina.serve.runtimes.servers.http import FastAPIBaseServer
+from jina.serve.runtimes.servers.http import FastAPIBaseServer, HTTPServer
 from jina.serve.runtimes.servers.websocket import WebSocketServer
 
+from clipserve import openai_gateway
 from clipserve.errors import InvalidParameterError
+from clipserve.openai_api import AUTH_ERROR
+from clipserve.options import check_bool, check_int, env_or_default
 from clipserve.readiness import LIVE_PATH, READINESS_SERVICE, READY_PATH, FlowReadiness, grpc_addresses
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
@@ -43,6 +50,7 @@ OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)
 # would otherwise return the exception of a failed dry run, which names internal addresses.
 REDACTED_GRPC_METHODS = ('/jina.JinaGatewayDryRunRPC/dry_run',)
 OPEN_HTTP_PATHS = (READY_PATH, LIVE_PATH)  # GET only: 200/503 and a one-word body
+OPEN_PAGES = (openai_gateway.PLAYGROUND_PATH, openai_gateway.PLAYGROUND_PATH + '/')  # GET only: a static page
 REDACTED_HTTP_PATHS = ('/dry_run',)  # GET only
 
 
@@ -156,7 +164,7 @@ class TokenMiddleware:
         if scope['type'] not in ('http', 'websocket'):  # lifespan events
             return await self.app(scope, receive, send)
         get = scope['type'] == 'http' and scope.get('method') in ('GET', 'HEAD')
-        if get and scope.get('path') in OPEN_HTTP_PATHS:
+        if get and scope.get('path') in OPEN_HTTP_PATHS + OPEN_PAGES:
             return await self.app(scope, receive, send)
         headers = {k.decode('latin-1').lower(): v.decode('latin-1') for k, v in scope.get('headers', [])}
         if token_matches(headers.get('authorization'), self.token):
@@ -166,12 +174,21 @@ class TokenMiddleware:
         if scope['type'] == 'websocket':
             await send({'type': 'websocket.close', 'code': 1008})
             return
-        body = json.dumps({'detail': 'missing or wrong Authorization header'}).encode()
+        body = json.dumps(
+            AUTH_ERROR.body()  # OpenAI's error shape on its routes
+            if openai_gateway.is_api_path(scope.get('path'))
+            else {'detail': 'missing or wrong Authorization header'}
+        ).encode()
         await send(
             {
                 'type': 'http.response.start',
                 'status': 401,
-                'headers': [(b'content-type', b'application/json'), (b'www-authenticate', b'Bearer')],
+                # the request's body is left unread: close the connection rather than keep it half-read
+                'headers': [
+                    (b'content-type', b'application/json'),
+                    (b'www-authenticate', b'Bearer'),
+                    (b'connection', b'close'),
+                ],
             }
         )
         await send({'type': 'http.response.body', 'body': body})
@@ -265,15 +282,39 @@ def expose_readiness(server, readiness: FlowReadiness) -> None:
 
 
 class ReadyGateway(CompositeGateway):
-    """Jina's (composite) gateway plus the Flow's readiness on each protocol, probed every `readiness_interval` s."""
+    """Jina's (composite) gateway plus the Flow's readiness on each protocol, probed every `readiness_interval` s,
+    and on the HTTP port the OpenAI-compatible routes and the playground (`openai_routes`, `playground`; a
+    request body over `max_request_bytes` is refused there with 413)."""
 
-    def __init__(self, readiness_interval: float = 1.0, **kwargs):
+    def __init__(
+        self,
+        readiness_interval: float = 1.0,
+        openai_routes: bool = True,
+        playground: bool = True,
+        max_request_bytes: int = openai_gateway.DEFAULT_MAX_REQUEST_BYTES,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         deployments = grpc_addresses(getattr(self.runtime_args, 'deployments_addresses', None) or '{}')
         self.readiness = FlowReadiness(deployments, interval=float(readiness_interval), log=self.logger)
         self._readiness_task = None
         for server in self.servers:
             expose_readiness(server, self.readiness)
+        max_request_bytes = check_int(
+            'max_request_bytes', env_or_default(max_request_bytes, openai_gateway.DEFAULT_MAX_REQUEST_BYTES)
+        )
+        playground = check_bool('playground', env_or_default(playground, True))
+        if check_bool('openai_routes', env_or_default(openai_routes, True)):
+            flow = openai_gateway.FlowCalls(self.streamer, self.logger)
+            metrics = openai_gateway.OpenAIMetrics(getattr(self, 'metrics_registry', None))
+            for server in self.servers:
+                if isinstance(server, HTTPServer):
+                    _wrap_app_after_setup(
+                        server,
+                        lambda app: openai_gateway.OpenAIRoutes(
+                            app, flow, max_request_bytes, metrics, playground, self.logger
+                        ),
+                    )
 
     @property
     def _should_exit(self) -> bool:

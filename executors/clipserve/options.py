@@ -51,11 +51,17 @@ def check_access_paths(key: str, value) -> str:
     return value.strip()
 
 
+# Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
+# routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.
+TOKEN_COUNTS_PARAMETER = 'token_counts'
+
+
 @dataclass(frozen=True)
 class RequestOptions:
     access_paths: str
     drop_image_content: bool
     allow_empty_matches: bool = False
+    token_counts: bool = False
 
 
 def request_options(parameters: dict | None, default_access_paths: str, logger=None) -> RequestOptions:
@@ -70,4 +76,7 @@ def request_options(parameters: dict | None, default_access_paths: str, logger=N
             logger.warning('the parameter "traversal_paths" is deprecated; use "access_paths"')
     drop = check_bool('drop_image_content', parameters.get('drop_image_content', False))
     allow_empty = check_bool('allow_empty_matches', parameters.get('allow_empty_matches', False))
-    return RequestOptions(access_paths=access_paths, drop_image_content=drop, allow_empty_matches=allow_empty)
+    counts = check_bool(TOKEN_COUNTS_PARAMETER, parameters.get(TOKEN_COUNTS_PARAMETER, False))
+    return RequestOptions(
+        access_paths=access_paths, drop_image_content=drop, allow_empty_matches=allow_empty, token_counts=counts
+    )

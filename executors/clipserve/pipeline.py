@@ -82,8 +82,11 @@ class EncodePipeline:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.model_thread.close()
 
-    def encode_texts(self, texts: Sequence[str], times: StageTimes | None = None) -> np.ndarray:
-        """float32 [N, D] embeddings for `texts`, in order.
+    def encode_texts(
+        self, texts: Sequence[str], times: StageTimes | None = None, token_counts: list[int] | None = None
+    ) -> np.ndarray:
+        """float32 [N, D] embeddings for `texts`, in order; `token_counts`, when given, is extended with
+        each text's token count as the model sees it (start and end tokens included, after truncation).
 
         Texts are sorted by token length before minibatching (and put back in order after), so each
         minibatch pads only to lengths close to its own: with padding trimmed, short texts never pay
@@ -96,6 +99,8 @@ class EncodePipeline:
         times.preprocess += time.perf_counter() - t0
         if tokens is None:
             return out
+        if token_counts is not None:
+            token_counts.extend(int(n) for n in tokens.lengths)
         order = np.argsort(tokens.lengths, kind='stable')
         for start in range(0, len(texts), self.minibatch_size):
             rows = order[start : start + self.minibatch_size]

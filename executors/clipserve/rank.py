@@ -33,7 +33,7 @@ def rank_documents(
     found = problems(docs, reused, encoder.backend.embed_dim, options.allow_empty_matches)
     if found:
         raise InvalidDocumentError(found)
-    encoder.encode(DocumentArray(everyone), options.drop_image_content, reused)
+    encoder.encode(DocumentArray(everyone), options.drop_image_content, reused, options.token_counts)
     sigmoid = encoder.backend.sigmoid_logits  # (scale, bias) of SigLIP models, else None
     for query in docs:
         score_and_sort(query, sigmoid)

@@ -141,7 +141,7 @@ def multi_model(tmp_path_factory):
     port = free_port()
 
     def edit(config):
-        set_port(config, port)
+        set_port(config, [port, free_port()])  # gRPC, HTTP
         for executor, model in zip(config['executors'], (SMALL, LARGE)):
             executor['uses']['with']['name'] = model
             executor['uses']['with']['served_models'] = [SMALL, LARGE]

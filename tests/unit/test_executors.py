@@ -1,5 +1,7 @@
 """CLIPEncoder and CLIPRanker called in-process (no sockets), for what a Flow cannot observe: model calls."""
 
+import logging
+
 import numpy as np
 import pytest
 from docarray import Document, DocumentArray
@@ -93,3 +95,30 @@ def test_closing_the_executor_stops_the_pipeline_then_closes_the_backend():
     assert order == ['pipeline', 'backend']
     assert executor.pipeline.model_thread._closed  # no forward pass can start after
     assert not executor.pipeline.model_thread._thread.is_alive()
+
+
+@pytest.mark.parametrize('native', [True, False])
+def test_the_default_precision_and_its_reason_are_in_the_ready_line_and_info(native, monkeypatch):
+    from clipserve.backends import precision
+
+    monkeypatch.setenv(precision.CPU_BF16_ENV, '1' if native else '0')
+    precision.cpu_bf16.cache_clear()
+    seen = []
+    original = logging.Logger.info
+    monkeypatch.setattr(
+        logging.Logger, 'info', lambda self, msg, *a, **k: (seen.append(str(msg)), original(self, msg, *a, **k))
+    )
+    try:
+        executor = CLIPEncoder(name=TINY)
+    finally:
+        precision.cpu_bf16.cache_clear()
+    try:
+        info = executor.info()
+        want = ('bf16', 'fp32') if native else ('fp32', 'fp32')
+        assert (info['precision']['images'], info['precision']['texts']) == want
+        assert ('forced on' if native else 'forced off') in info['precision']['reason']
+        assert info['dtype'] == ('bf16 images, fp32 texts' if native else 'fp32')
+    finally:
+        executor.close()
+    ready = [line for line in seen if line.startswith('ready in')]
+    assert ready and info['dtype'] in ready[0] and info['precision']['reason'] in ready[0]

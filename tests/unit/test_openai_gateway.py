@@ -1,0 +1,228 @@
+"""The gateway's /v1 routes as an ASGI app, in front of a stand-in for the Flow (no sockets, no executors):
+model picking, the body cap, errors in OpenAI's shape, the page. Real Flows: tests/integration/test_openai_api.py."""
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from docarray.score import NamedScore
+
+from clipserve import openai_api as api
+from clipserve import openai_gateway as gw
+from clipserve.endpoints import TOKEN_COUNT_TAG
+from clipserve.errors import InvalidDocumentError
+
+INFO = {
+    'clip_default/rep-0': {
+        'model': 'ViT-B-32::openai',
+        'configured_name': 'ViT-B/32',
+        'embed_dim': 4,
+        'serve_default': True,
+    },
+    'clip_large/rep-0': {
+        'model': 'ViT-L-14::openai',
+        'configured_name': 'ViT-L-14::openai',
+        'embed_dim': 6,
+        'serve_default': False,
+    },
+    'an_indexer': {'something': 'else'},
+}
+
+
+class StandIn(gw.FlowCalls):
+    """FlowCalls whose executors are this object: embeddings [1, 2, ...] per document, texts 3 tokens."""
+
+    def __init__(self, fail=None):
+        super().__init__(streamer=None, logger=SimpleNamespace(warning=print, error=print))
+        self.sent = []
+        self.fail = fail
+
+    async def call(self, endpoint, docs, parameters, params):
+        self.sent.append((endpoint, docs, parameters))
+        if endpoint == '/clipserve/info':
+            return SimpleNamespace(parameters={'__results__': INFO}, docs=docs)
+        if self.fail:
+            raise gw.executor_error(type(self.fail).__name__, [str(self.fail)], params)
+        dim = 6 if 'ViT-L' in endpoint else 4
+        everyone = [d for q in docs for d in (q, *q.matches)]
+        for i, doc in enumerate(everyone):
+            doc.embedding = np.arange(1, dim + 1, dtype=np.float32) * (i + 1)
+            if doc.text:
+                doc.tags[TOKEN_COUNT_TAG] = 3
+        for query in docs:
+            for rank, match in enumerate(reversed(query.matches)):
+                match.scores['clip_score'] = NamedScore(value=0.5 / (rank + 1))
+                match.scores['clip_score_cosine'] = NamedScore(value=0.1)
+            query.matches = list(reversed(query.matches))
+        return SimpleNamespace(docs=docs, parameters={})
+
+
+def request(app, method, path, body=b'', headers=()):
+    """One ASGI request: (status, headers, body)."""
+    messages = [{'type': 'http.request', 'body': body, 'more_body': False}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {'type': 'http.disconnect'}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {'type': 'http', 'method': method, 'path': path, 'headers': list(headers)}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m['type'] == 'http.response.start')
+    return start['status'], dict(start['headers']), b''.join(m.get('body', b'') for m in sent[1:])
+
+
+def routes(flow=None, max_request_bytes=10_000):
+    async def jina_app(scope, receive, send):
+        await send({'type': 'http.response.start', 'status': 299, 'headers': []})
+        await send({'type': 'http.response.body', 'body': b'jina'})
+
+    flow = flow or StandIn()
+    logger = SimpleNamespace(warning=print, error=print)
+    return gw.OpenAIRoutes(jina_app, flow, max_request_bytes, gw.OpenAIMetrics(), True, logger), flow
+
+
+def post(app, path, body):
+    status, _, raw = request(app, 'POST', path, json.dumps(body).encode())
+    return status, json.loads(raw)
+
+
+def test_models_come_from_every_executors_info_the_default_first():
+    models = gw.served_models(INFO)
+    assert [(m.name, m.embed_dim, m.default, m.aliases) for m in models] == [
+        ('ViT-B-32::openai', 4, True, ('ViT-B/32',)),
+        ('ViT-L-14::openai', 6, False, ()),
+    ]
+    assert gw.pick_model(models, None).name == 'ViT-B-32::openai'
+    for name in ('ViT-L-14::openai', 'ViT-L/14', 'ViT-L-14'):
+        assert gw.pick_model(models, name).name == 'ViT-L-14::openai'
+    assert gw.pick_model(models, 'ViT-B/32').name == 'ViT-B-32::openai'
+    assert gw.pick_model(models, 'text-embedding-3-small') is None
+
+
+def test_embeddings_go_to_the_models_encode_route_and_come_back_normalised():
+    app, flow = routes()
+    status, answer = post(
+        app, '/v1/embeddings', {'model': 'ViT-L/14', 'input': ['a', {'image': 'https://x.org/a.png'}]}
+    )
+    assert status == 200 and answer['model'] == 'ViT-L-14::openai'
+    endpoint, docs, parameters = flow.sent[-1]
+    assert endpoint == '/encode/ViT-L-14::openai' and parameters == {'drop_image_content': True, 'token_counts': True}
+    assert [d.id for d in docs] == ['input-0', 'input-1'] and docs[1].uri == 'https://x.org/a.png'
+    vectors = np.array([d['embedding'] for d in answer['data']])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-6)
+    assert answer['usage'] == {'prompt_tokens': 3, 'total_tokens': 3}  # one text; the image counts 0
+
+
+def test_rank_answers_indices_best_first():
+    app, flow = routes()
+    status, answer = post(app, '/v1/rank', {'query': 'q', 'documents': ['a', 'b', 'c'], 'top_n': 2})
+    assert status == 200 and flow.sent[-1][0] == '/rank/ViT-B-32::openai'
+    assert [r['index'] for r in answer['results']] == [2, 1] and answer['results'][0]['clip_score'] == 0.5
+    assert answer['usage']['prompt_tokens'] == 12
+
+
+@pytest.mark.parametrize(
+    'failure, status, param',
+    [
+        (InvalidDocumentError([('input-1', 'not an image Pillow can decode')]), 400, 'input[1]'),
+        (
+            InvalidDocumentError(
+                [('input-0', 'the image blob is 9 bytes, over the limit of 4 bytes (max_image_bytes)')]
+            ),
+            413,
+            'input[0]',
+        ),
+    ],
+)
+def test_the_encoders_errors_name_the_items(failure, status, param):
+    app, _ = routes(StandIn(fail=failure))
+    got, answer = post(app, '/v1/embeddings', {'input': ['a', 'b']})
+    assert (got, answer['error']['param']) == (status, param)
+    assert answer['error']['message'].startswith(param)
+
+
+def test_unknown_models_routes_and_methods():
+    app, _ = routes()
+    status, answer = post(app, '/v1/embeddings', {'model': 'nope', 'input': 'a'})
+    assert status == 404 and 'ViT-B-32::openai, ViT-L-14::openai' in answer['error']['message']
+    assert post(app, '/v1/chat/completions', {})[0] == 404
+    assert request(app, 'GET', '/v1/embeddings')[0] == 405
+    assert request(app, 'POST', '/post')[0] == 299  # everything else is Jina's
+
+
+def test_bodies_over_the_cap_or_not_json_are_refused():
+    app, _ = routes(max_request_bytes=100)
+    status, _, raw = request(app, 'POST', '/v1/embeddings', b'{"input": "' + b'x' * 200 + b'"}')
+    assert status == 413 and 'max_request_bytes' in json.loads(raw)['error']['message']
+    status, _, raw = request(app, 'POST', '/v1/embeddings', b'{"input": ', [(b'content-length', b'10')])
+    assert status == 400 and json.loads(raw)['error']['code'] == 'invalid_json'
+    status, _, raw = request(app, 'POST', '/v1/embeddings', b'[' * 40 + b']' * 40)
+    assert status == 400
+    app, _ = routes(max_request_bytes=100_000)
+    assert request(app, 'POST', '/v1/embeddings', b'[' * 50_000)[0] == 400  # nested too deeply for json
+
+
+def test_the_playground_page_and_its_policy():
+    app, _ = routes()
+    status, headers, page = request(app, 'GET', '/playground')
+    assert status == 200 and headers[b'content-type'] == b'text/html; charset=utf-8'
+    policy = headers[b'content-security-policy'].decode()
+    assert (
+        "connect-src 'self'" in policy
+        and "script-src 'sha256-" in policy
+        and 'unsafe-inline' not in policy.split('style-src')[0]
+    )
+    assert b'/v1/embeddings' in page and b'/v1/rank' in page and b'/v1/models' in page
+    assert b'<script src' not in page and b'<link' not in page  # nothing loaded from elsewhere
+    assert request(app, 'POST', '/playground')[0] == 405
+
+
+def test_a_bug_is_still_an_openai_shaped_500(monkeypatch):
+    app, _ = routes()
+
+    async def broken(*args):
+        raise KeyError('bug')
+
+    monkeypatch.setattr(gw, 'embeddings', broken)
+    status, answer = post(app, '/v1/embeddings', {'input': 'a'})
+    assert status == 500 and answer['error']['type'] == 'server_error'
+
+
+def test_the_api_error_shape():
+    assert api.AUTH_ERROR.body() == {
+        'error': {
+            'message': api.AUTH_ERROR.message,
+            'type': 'invalid_request_error',
+            'param': None,
+            'code': 'invalid_api_key',
+        }
+    }
+
+
+def test_answers_that_leave_the_body_unread_close_the_connection():
+    """Else uvicorn keeps the half-read connection, and waits for it when the gateway stops."""
+    app, _ = routes(max_request_bytes=100)
+    status, headers, _ = request(app, 'POST', '/v1/embeddings', b'x' * 200, [(b'content-length', b'200')])
+    assert status == 413 and headers[b'connection'] == b'close'
+    assert b'connection' not in post_headers(app, '/v1/embeddings', {'input': 'a'})
+
+
+def post_headers(app, path, body):
+    return request(app, 'POST', path, json.dumps(body).encode())[1]
+
+
+def test_the_token_check_covers_the_routes_in_openais_shape_and_leaves_the_page_open():
+    from clipserve.gateway import TokenMiddleware
+
+    app, _ = routes()
+    guarded = TokenMiddleware(app, 'tok')
+    status, headers, raw = request(guarded, 'POST', '/v1/embeddings', b'{"input": "a"}')
+    assert status == 401 and json.loads(raw) == api.AUTH_ERROR.body() and headers[b'connection'] == b'close'
+    assert request(guarded, 'GET', '/v1/models', headers=[(b'authorization', b'Bearer tok')])[0] == 200
+    assert request(guarded, 'GET', '/playground')[0] == 200
+    assert json.loads(request(guarded, 'POST', '/post')[2]) == {'detail': 'missing or wrong Authorization header'}
