@@ -12,6 +12,11 @@ share the cores with the server. Model-only and
 served throughput are both sustained rates (items over elapsed time). The torch replica loads its
 weights from a safetensors checkpoint of the in-process model, the onnx replica from an export of
 it, as in production; peak memory is the replica's VmHWM after all workloads.
+The main table is fp32 on every backend. The precision table then compares, per backend, each
+other precision (`--precisions`: torch auto = what a Flow serves by default, bf16 images where the
+CPU computes bf16 natively; onnx int8) with fp32 of the same backend: both replicas up at once,
+model-only and served (1 and 4 clients) for short texts and images, every ratio bracketed by fp32
+windows, with the cosine of its embeddings to fp32's; the CPU's bf16 / int8 instructions are printed.
 Prints tables, writes benchmarks/results/serving.json and serving.png.
 """
 
@@ -126,12 +131,126 @@ def served(port: int, docs_fn, clients: int, per_request: int, seconds: float) -
     return asyncio.run(run())
 
 
+def cpu_capabilities() -> str:
+    """The CPU's bf16 and int8 (VNNI) instructions, as the flags name them."""
+    from clipserve.backends.precision import cpu_bf16
+
+    try:
+        with open('/proc/cpuinfo') as f:
+            flags = set(next(line for line in f if line.startswith('flags')).split(':', 1)[1].split())
+    except (OSError, StopIteration):
+        flags = set()
+    vnni = sorted(flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'}) or ['none']
+    return f'bf16: {cpu_bf16()[1]}; int8 dot products: {", ".join(vnni)}'
+
+
+def fp32_torch_model(model: str):
+    from clipserve.backends import BackendOptions, create_backend
+
+    return create_backend('torch', model, BackendOptions(device='cpu', dtype='fp32')).model
+
+
+def precision_rows(pair: str, args, workloads: dict, checkpoint: str | None, onnx_dir: str) -> list[dict]:
+    """`backend:dtype` against `backend:fp32`: model-only and served rates, each bracketed by fp32 windows."""
+    from docarray import Document, DocumentArray
+    from jina import Client, Flow
+
+    from clipserve import CLIPEncoder
+    from clipserve.backends import BackendOptions, create_backend
+    from clipserve.models.preprocess import preprocess_bytes
+    from clipserve.models.tokenizer import Tokenizer
+
+    backend_name, _, dtype = pair.partition(':')
+    batch, tokenizer, jpeg = 8, Tokenizer(), jpeg_640x480()
+    model = args.model if backend_name == 'onnx' else checkpoint
+    path = onnx_dir if backend_name == 'onnx' else None
+    if backend_name == 'onnx' and not Path(onnx_dir, 'clipserve.json').exists():
+        from clipserve.backends.onnx_export import export_onnx
+
+        export_onnx(args.model, onnx_dir)
+    local = {
+        d: create_backend(backend_name, model, BackendOptions(device='cpu', dtype=d), model_path=path)
+        for d in ('fp32', dtype)
+    }
+    pixels = np.stack([preprocess_bytes(jpeg, local['fp32'].preprocess) for _ in range(batch)])
+    tokens = tokenizer([SHORT] * batch)
+
+    def model_only(backend, what):
+        if what == 'images 640x480':  # decoding and preprocessing included, as the server does them
+            return lambda: backend.encode_images(
+                np.stack([preprocess_bytes(jpeg, backend.preprocess) for _ in range(batch)])
+            )
+        return lambda: backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+
+    def cosine(what):
+        def run(b):
+            return model_only(b, what)() if what != 'images 640x480' else b.encode_images(pixels)
+
+        a, b = run(local['fp32']).astype(np.float64), run(local[dtype]).astype(np.float64)
+        return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+    ports = {d: free_port() for d in local}
+    flows = {
+        d: Flow(port=ports[d]).add(
+            uses=CLIPEncoder,
+            uses_with={'name': model, 'backend': backend_name, 'dtype': d, 'minibatch_size': 32}
+            | ({'model_path': onnx_dir} if path else {}),
+            allow_concurrent=True,
+            timeout_ready=-1,
+        )
+        for d in local
+    }
+    rows = []
+    with flows['fp32'], flows[dtype]:
+        served_precision = Client(host='127.0.0.1', port=ports[dtype]).post(
+            '/clipserve/info', DocumentArray([Document()]), return_responses=True
+        )
+        name = next(iter(served_precision[0].parameters['__results__'].values()))['dtype']
+        for what in ('short texts', 'images 640x480'):
+            docs_fn = workloads[what][0]
+            seconds, rounds = args.seconds, args.rounds
+            alone, alone_rates = bracketed(
+                lambda: sustained_rate(model_only(local['fp32'], what), batch, seconds),
+                {dtype: lambda: sustained_rate(model_only(local[dtype], what), batch, seconds)},
+                rounds,
+            )
+            flow = {}
+            for clients in (1, 4):
+                flow[clients] = bracketed(
+                    lambda: served(ports['fp32'], docs_fn, clients, batch, seconds),
+                    {dtype: lambda: served(ports[dtype], docs_fn, clients, batch, seconds)},
+                    rounds,
+                )
+            rows.append(
+                {
+                    'backend': backend_name,
+                    'precision': name,
+                    'workload': what,
+                    'model_only': alone_rates[dtype],
+                    'model_only_fp32': alone_rates['baseline'],
+                    'model_only_vs_fp32': alone[dtype],
+                    'flow_1_client': flow[1][1][dtype],
+                    'flow_1_vs_fp32': flow[1][0][dtype],
+                    'flow_4_clients': flow[4][1][dtype],
+                    'flow_4_vs_fp32': flow[4][0][dtype],
+                    'min_cosine': cosine(what),
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--model', default='ViT-B-32::random')
     parser.add_argument('--backends', nargs='+', default=['torch', 'onnx'])
     parser.add_argument('--seconds', type=float, default=4.0, help='length of each measuring window')
     parser.add_argument('--rounds', type=int, default=3, help='windows per measure, taken in turn; medians reported')
+    parser.add_argument(
+        '--precisions',
+        nargs='*',
+        default=['torch:auto', 'onnx:int8'],
+        help='backend:dtype pairs compared with fp32 of the same backend (none: skip)',
+    )
     args = parser.parse_args()
     os.environ.setdefault('JINA_LOG_LEVEL', 'ERROR')
     os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
@@ -174,7 +293,7 @@ def main() -> None:
     results = {'model': args.model, 'machine': info, 'rows': [], 'extra': {}}
     batch = 8
     for backend_name in args.backends:
-        options = BackendOptions(device='cpu')
+        options = BackendOptions(device='cpu', dtype='fp32')
         backend = create_backend(
             backend_name, args.model, options, model_path=onnx_dir if backend_name == 'onnx' else None
         )
@@ -199,7 +318,7 @@ def main() -> None:
             del untrimmed
 
         port = free_port()
-        uses_with = {'name': args.model, 'backend': backend_name, 'minibatch_size': 32}
+        uses_with = {'name': args.model, 'backend': backend_name, 'minibatch_size': 32, 'dtype': 'fp32'}
         if backend_name == 'onnx':
             uses_with['model_path'] = onnx_dir
         else:  # the replica loads its weights from a checkpoint file, as in production
@@ -260,6 +379,15 @@ def main() -> None:
     results['extra']['batching_off_16_clients_per_s'] = rates['baseline']
     results['extra']['batching_speedup'] = speedup['on']
 
+    checkpoints = {
+        'torch': save_checkpoint(fp32_torch_model(args.model), parse_model_name(args.model).arch, workdir.name)
+    }
+    results['precision'] = [
+        row
+        for pair in args.precisions
+        for row in precision_rows(pair, args, workloads, checkpoints.get(pair.partition(':')[0]), onnx_dir)
+    ]
+
     peak = max(gemm_samples)
     results['gemm_peak_gflops'] = peak / 1e9
     results['gemm_samples_gflops'] = [g / 1e9 for g in gemm_samples]
@@ -300,6 +428,33 @@ def main() -> None:
     print("(rates: medians over the rounds; ratios: medians of each round's bracketed ratio)")
     print()
     print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
+    if results['precision']:
+        print(f'\nPrecision vs fp32 of the same backend; this CPU: {cpu_capabilities()}\n')
+        print(
+            markdown_table(
+                [
+                    'backend',
+                    'precision',
+                    'workload',
+                    'model-only /s (x fp32)',
+                    'Flow 1 client /s (x fp32)',
+                    'Flow 4 clients /s (x fp32)',
+                    'min cosine to fp32',
+                ],
+                [
+                    [
+                        r['backend'],
+                        r['precision'],
+                        r['workload'],
+                        f'{r["model_only"]:.1f} ({r["model_only_vs_fp32"]:.2f}x)',
+                        f'{r["flow_1_client"]:.1f} ({r["flow_1_vs_fp32"]:.2f}x)',
+                        f'{r["flow_4_clients"]:.1f} ({r["flow_4_vs_fp32"]:.2f}x)',
+                        f'{r["min_cosine"]:.5f}',
+                    ]
+                    for r in results['precision']
+                ],
+            )
+        )
     path = save('serving', results)
 
     def draw(ax):
