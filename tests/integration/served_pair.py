@@ -9,7 +9,7 @@ import numpy as np
 from clip_client import Client
 from docarray import Document, DocumentArray
 
-from .conftest import flow_from_yaml, free_port, set_port
+from .conftest import data_uri, flow_from_yaml, free_port, make_image, set_port
 
 TOLERANCES = {'torch': 1e-5, 'onnx': 1e-4}  # embeddings, max |d|
 RANK_TOLERANCES = {'torch': 1e-4, 'onnx': 1e-3}  # scores
@@ -72,3 +72,18 @@ def assert_rank_matches(ports: dict, image: bytes, candidates: list[str], cosine
             for name, values in extra.items():
                 assert abs(match.scores[name].value - values[i]) <= tolerance
         assert [m.text for m in ranked] == [candidates[i] for i in np.argsort(-softmax, kind='stable')]
+
+
+def assert_flow_equals_torch_flow(ports: dict, other: str, label: str, dim: int, tolerance: float = 1e-4) -> None:
+    """clip-client's texts and images (a blob and a data URI) through the `other` Flow equal the torch Flow's."""
+    texts = ['a photo of a dog', 'a diagram', 'a much longer caption about a dog sitting on a red chair']
+    images = DocumentArray([Document(blob=make_image(300, 200, seed=1)), Document(uri=data_uri(make_image(seed=2)))])
+    out = {}
+    for backend in ('torch', other):
+        client = Client(f'grpc://127.0.0.1:{ports[backend]}')
+        out[backend] = (client.encode(texts), client.encode(DocumentArray(images, copy=True)).embeddings)
+    text_diff = np.abs(out[other][0] - out['torch'][0]).max()
+    image_diff = np.abs(out[other][1] - out['torch'][1]).max()
+    print(f'\n{other} flow vs torch flow ({label}): texts {text_diff:.2e}, images {image_diff:.2e}')
+    assert out[other][0].shape == (3, dim) and out[other][0].dtype == np.float32
+    assert text_diff <= tolerance and image_diff <= tolerance

@@ -1,12 +1,12 @@
 """flows/onnx.yml against flows/torch.yml on the same ViT-B-32::random weights, through clip-client."""
 
-import numpy as np
 import pytest
 from clip_client import Client
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 
-from .conftest import data_uri, flow_from_yaml, free_port, make_image, set_port
+from .conftest import flow_from_yaml, free_port, make_image, set_port
+from .served_pair import assert_flow_equals_torch_flow
 
 MODEL = 'ViT-B-32::random'
 
@@ -31,17 +31,7 @@ def servers(tmp_path_factory):
 
 
 def test_onnx_flow_equals_torch_flow(servers):
-    texts = ['a photo of a dog', 'a diagram', 'a much longer caption about a dog sitting on a red chair']
-    images = DocumentArray([Document(blob=make_image(300, 200, seed=1)), Document(uri=data_uri(make_image(seed=2)))])
-    out = {}
-    for backend, port in servers.items():
-        client = Client(f'grpc://127.0.0.1:{port}')
-        out[backend] = (client.encode(texts), client.encode(DocumentArray(images, copy=True)).embeddings)
-    text_diff = np.abs(out['onnx'][0] - out['torch'][0]).max()
-    image_diff = np.abs(out['onnx'][1] - out['torch'][1]).max()
-    print(f'\nonnx flow vs torch flow ({MODEL}): texts {text_diff:.2e}, images {image_diff:.2e}')
-    assert out['onnx'][0].shape == (3, 512) and out['onnx'][0].dtype == np.float32
-    assert text_diff < 1e-4 and image_diff < 1e-4
+    assert_flow_equals_torch_flow(servers, 'onnx', MODEL, 512)
 
 
 def test_rank_through_the_onnx_flow(servers):

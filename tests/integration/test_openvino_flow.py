@@ -4,7 +4,6 @@ and a replica that never imported torch."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 
 if not os.environ.get('CI'):  # CI installs the test extra, which has openvino: there a missing one fails
@@ -17,7 +16,8 @@ from clip_client import Client
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 
-from .conftest import TINY, data_uri, flow_from_yaml, free_port, make_image, set_port
+from .conftest import TINY, flow_from_yaml, free_port, make_image, set_port
+from .served_pair import assert_flow_equals_torch_flow
 
 MODEL = TINY
 
@@ -50,17 +50,7 @@ def servers(tmp_path_factory):
 
 
 def test_openvino_flow_equals_torch_flow(servers):
-    texts = ['a photo of a dog', 'a diagram', 'a much longer caption about a dog sitting on a red chair']
-    images = DocumentArray([Document(blob=make_image(300, 200, seed=1)), Document(uri=data_uri(make_image(seed=2)))])
-    out = {}
-    for backend, port in servers.items():
-        client = Client(f'grpc://127.0.0.1:{port}')
-        out[backend] = (client.encode(texts), client.encode(DocumentArray(images, copy=True)).embeddings)
-    text_diff = np.abs(out['openvino'][0] - out['torch'][0]).max()
-    image_diff = np.abs(out['openvino'][1] - out['torch'][1]).max()
-    print(f'\nopenvino flow vs torch flow ({MODEL}, fp32): texts {text_diff:.2e}, images {image_diff:.2e}')
-    assert out['openvino'][0].shape == (3, 64) and out['openvino'][0].dtype == np.float32
-    assert text_diff <= 1e-4 and image_diff <= 1e-4
+    assert_flow_equals_torch_flow(servers, 'openvino', f'{MODEL}, fp32', 64)
 
 
 def test_rank_through_the_openvino_flow_equals_torch(servers):
