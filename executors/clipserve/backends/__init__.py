@@ -27,12 +27,12 @@ def create_backend(
             raise ValueError(
                 'model_path is for the onnx backend; for torch, name a checkpoint: "arch::/path/to/weights"'
             )
-        from clipserve.backends.torch_backend import TorchBackend
+        from clipserve.backends.torch.backend import TorchBackend
 
         return TorchBackend(model, options)
     if kind == 'onnx':
         try:
-            from clipserve.backends.onnx_backend import OnnxBackend
+            from clipserve.backends.onnx.backend import OnnxBackend
         except ImportError as e:
             from clipserve.errors import BackendUnavailableError
 
@@ -42,7 +42,7 @@ def create_backend(
         return OnnxBackend(model, options, model_path=model_path)
     if kind == 'openvino':
         try:
-            from clipserve.backends.openvino_backend import OpenVINOBackend
+            from clipserve.backends.openvino.backend import OpenVINOBackend
         except ImportError as e:
             from clipserve.errors import BackendUnavailableError
 
@@ -53,7 +53,7 @@ def create_backend(
     if kind == 'tensorrt':
         # The module imports without TensorRT; its constructor imports TensorRT and, when that fails,
         # raises BackendUnavailableError with the install command (never a fallback to another backend).
-        from clipserve.backends.tensorrt_backend import TensorRTBackend
+        from clipserve.backends.tensorrt.backend import TensorRTBackend
 
         extra = {} if max_batch is None else {'max_batch': max_batch}
         return TensorRTBackend(model, options, model_path=model_path, **extra)

@@ -1,4 +1,9 @@
-"""The interface every runtime implements: pixels in, float32 embeddings out; token ids in, likewise."""
+"""The interface every runtime implements: pixels in, float32 embeddings out; token ids in, likewise.
+
+A multi-vector (late-interaction) backend gives a [tokens, D] array per row instead of one [D] vector:
+[B, image_tokens, D] for images, [B, context_length, D] for texts, each row's padding tokens as zero rows
+after its own (the engine drops them per document: engine/multi_vector.py).
+"""
 
 from __future__ import annotations
 
@@ -57,6 +62,10 @@ class Backend(ABC):
     #: On a CPU, image batches of 8 run as many images per second as batches of 32 (benchmarks/
     #: backends.py) with a quarter of the activation memory, so bigger ones run 8 at a time.
     cpu_image_chunk: int = 8
+    #: Late interaction (ColPali, ColQwen2): one vector per token, scored by MaxSim; `image_tokens` is
+    #: then the rows of an image's output (the most tokens an image has), texts have `context_length`
+    multi_vector: bool = False
+    image_tokens: int = 0
 
     def __init__(self):
         self._counter_lock = threading.Lock()
@@ -74,14 +83,20 @@ class Backend(ABC):
     def image_size(self) -> int:
         return self.preprocess.image_size
 
+    def output_shape(self, kind: str) -> tuple[int, ...]:
+        """One row's output for `kind` ('images' or 'texts'): (D,), or (tokens, D) when multi-vector."""
+        if not self.multi_vector:
+            return (self.embed_dim,)
+        return (self.image_tokens if kind == 'images' else self.context_length, self.embed_dim)
+
     def encode_images(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [B, 3, S, S] normalised pixels -> float32 [B, D] unnormalised embeddings."""
         if len(pixels) == 0:
-            return np.zeros((0, self.embed_dim), dtype=np.float32)
+            return np.zeros((0, *self.output_shape('images')), dtype=np.float32)
         step = self.cpu_image_chunk if self.device == 'cpu' else (self.max_batch or len(pixels))
         out = _in_chunks(self._encode_images, step, pixels)
         self._count(images=len(pixels))
-        return np.ascontiguousarray(out, dtype=np.float32)
+        return np.ascontiguousarray(self._token_rows(out, 'images'), dtype=np.float32)
 
     def encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
         """int64 [B, L] token ids (<sot> ... <eot>, zero padded) -> float32 [B, D] unnormalised embeddings.
@@ -90,7 +105,7 @@ class Backend(ABC):
         for CLIP's causal text tower, and several times faster for short queries.
         """
         if len(input_ids) == 0:
-            return np.zeros((0, self.embed_dim), dtype=np.float32)
+            return np.zeros((0, *self.output_shape('texts')), dtype=np.float32)
         input_ids = np.asarray(input_ids, dtype=np.int64)
         if attention_mask is None:  # callers with a tokenizer's TokenBatch pass its mask
             if getattr(getattr(self, 'tokenizer', None), 'pad_id', None) is None:
@@ -112,7 +127,16 @@ class Backend(ABC):
         attention_mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
         out = _in_chunks(self._encode_texts, self.max_batch or len(input_ids), input_ids, attention_mask)
         self._count(texts=len(input_ids))
-        return np.ascontiguousarray(out, dtype=np.float32)
+        return np.ascontiguousarray(self._token_rows(out, 'texts'), dtype=np.float32)
+
+    def _token_rows(self, out: np.ndarray, kind: str) -> np.ndarray:
+        """A multi-vector output padded with zero rows to its kind's fixed token count (texts were trimmed)."""
+        if not self.multi_vector:
+            return out
+        rows = self.output_shape(kind)[0]
+        if out.shape[1] > rows:
+            raise ValueError(f'the model gave {out.shape[1]} token rows per {kind[:-1]}, over {rows}')
+        return np.pad(out, ((0, 0), (0, rows - out.shape[1]), (0, 0))) if out.shape[1] < rows else out
 
     @abstractmethod
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:

@@ -6,17 +6,17 @@ for them is a clear error at start (never a silent change of precision).
 On a CPU, `auto` follows the rule the GPUs follow (the fastest precision the hardware computes
 natively): bf16 where the CPU has bf16 instructions (AVX512-BF16 or AMX, read from the CPU's flags at
 start), fp32 elsewhere. Only the image tower takes it on the torch backend: its convolutions and wide
-matmuls gain, while the text tower's short sequences measured slower in bf16 (README, "Precision on
-the CPU"). `fp32` stays available for bit-exact parity with open_clip.
+matmuls gain, while the text tower's short sequences measured slower in bf16 (docs/concepts/precision.md).
+`fp32` stays available for bit-exact parity with open_clip.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
+from clipserve.backends.cpu_features import BF16_FLAGS, cpu_features
 from clipserve.errors import BackendUnavailableError
 
 DTYPES = ('fp32', 'fp16', 'bf16')  # what torch computes; onnx adds int8 on CPUs (a quantized copy)
@@ -45,7 +45,6 @@ _WHY_NOT = {
 }
 
 CPU_BF16_ENV = 'CLIPSERVE_CPU_BF16'  # '1' or '0' overrides what the CPU's flags say (tests, odd hypervisors)
-BF16_FLAGS = ('amx_bf16', 'avx512_bf16')  # /proc/cpuinfo names of x86's native bf16 instructions
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,8 @@ def resolve_precision(
 @lru_cache(maxsize=1)
 def cpu_bf16() -> tuple[bool, str]:
     """Whether this CPU computes bf16 natively, and the evidence, from its flags (never from its model name)."""
-    return detect_cpu_bf16(os.environ, _read_cpu_flags())
+    features = cpu_features()
+    return detect_cpu_bf16(os.environ, set(features.flags) if features.readable else None)
 
 
 def detect_cpu_bf16(environ, flags: set[str] | None) -> tuple[bool, str]:
@@ -122,22 +122,11 @@ def detect_cpu_bf16(environ, flags: set[str] | None) -> tuple[bool, str]:
     if forced in ('0', 'false', 'no', 'off'):
         return False, f'native bf16 forced off by {CPU_BF16_ENV}'
     if flags is None:
-        return False, f'the CPU flags could not be read ({platform.machine() or "unknown machine"})'
+        return False, f'the CPU flags could not be read ({cpu_features().machine or "unknown machine"})'
     found = [f for f in BF16_FLAGS if f in flags]
     if found:
         return True, f'this CPU computes bf16 natively ({", ".join(found)})'
     return False, f'this CPU has no native bf16 ({" / ".join(BF16_FLAGS)} absent)'
-
-
-def _read_cpu_flags(path: str = '/proc/cpuinfo') -> set[str] | None:
-    try:
-        with open(path, encoding='ascii', errors='replace') as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return set(line.partition(':')[2].split())
-    except OSError:
-        return None
-    return None
 
 
 def _asked(dtype: str | None) -> str:

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass
 
 import open_clip
 
-from clipserve.models import cnclip, hf_checkpoints, mclip, registry
+from clipserve.models.families import cnclip, late_interaction_files, mclip, transformers_configs
+from clipserve.models.families import open_clip as open_clip_family
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
 
@@ -137,7 +138,25 @@ def transformers_facts() -> list[ModelFacts]:
             # NaFlex: a patch grid per image, which TensorRT's fixed image profiles do not take
             backends=', '.join(b for b in BACKENDS if not (kind == 'siglip2' and b == 'tensorrt')),
         )
-        for kind in hf_checkpoints.MODEL_TYPES
+        for kind in transformers_configs.MODEL_TYPES
+    ]
+
+
+def late_interaction_facts() -> list[ModelFacts]:
+    """ColPali and ColQwen2 (`transformers:<hub id or folder>`): multi-vector, [tokens, dim] per text or image,
+    on the torch backend (docs/late-interaction.md)."""
+    return [
+        ModelFacts(
+            name=f'transformers:<{kind} checkpoint>',
+            family=late_interaction_files.LATE_INTERACTION_FAMILY,
+            tokenizer='its tokenizer.json',
+            context_length=late_interaction_files.MAX_QUERY_TOKENS,
+            embed_dim=None,
+            image_size=None,
+            resize_mode='[tokens, dim] out; ' + ('Qwen2-VL patches' if kind == 'colqwen2' else "its processor's"),
+            backends='torch',
+        )
+        for kind in late_interaction_files.LATE_TYPES
     ]
 
 
@@ -145,12 +164,12 @@ def catalogue(include_random: bool = False) -> list[ModelFacts]:
     """One row per architecture and pretrained tag (and `::random` per architecture when asked), then
     clip-as-service's M-CLIP and CN-CLIP models, then the transformers model types."""
     rows = []
-    for arch in registry.known_architectures():
+    for arch in open_clip_family.known_architectures():
         tags = list(open_clip.list_pretrained_tags_by_model(arch))
         if include_random or not tags:
             tags.append('random')
         rows += [facts(arch, tag) for tag in tags]
-    return rows + clip_as_service_facts() + transformers_facts()
+    return rows + clip_as_service_facts() + transformers_facts() + late_interaction_facts()
 
 
 def as_dicts(rows: list[ModelFacts]) -> list[dict]:

@@ -89,6 +89,14 @@ def _read_json(path: Path) -> dict:
     return read_json_object(path, TokenizerFilesError)
 
 
+def special_tokens(folder: Path) -> dict[str, str]:
+    """The folder's named special tokens ('pad_token': '<pad>', ...), as tokenizer_config.json and
+    special_tokens_map.json give them (the former wins)."""
+    config = {**_read_json(folder / 'special_tokens_map.json'), **_read_json(folder / 'tokenizer_config.json')}
+    found = {key: _token_content(value) for key, value in config.items() if key.endswith('_token')}
+    return {key: value for key, value in found.items() if value is not None}
+
+
 class HFTokenizer:
     """Token ids for a model whose text side uses a Hugging Face tokenizer (SigLIP, XLM-R, mT5, BERT...)."""
 

@@ -1,7 +1,10 @@
 """Files from the Hugging Face hub, kept in clipserve's cache: found there offline, downloaded once otherwise.
 
-A download that cannot happen (offline mode, the hub unreachable) fails in seconds with the reason,
-which the caller turns into a message saying what to copy where.
+huggingface_hub decides whether a download may happen (offline mode: `HF_HUB_OFFLINE`, read when it is
+imported, refuses at once) and how it fails; its failure becomes one line of reason (HubFileUnavailable),
+which the caller turns into a message saying what to copy where. Our own: a 3 s connect to the hub before
+a download, because huggingface_hub retries an unreachable hub 5 times with backoff (23 s, more where
+packets are dropped) and no setting shortens that.
 """
 
 from __future__ import annotations
@@ -13,30 +16,35 @@ from pathlib import Path
 
 from clipserve.models.cache import cache_dir
 
-
-def _reachable(url: str, timeout: float = 3.0) -> bool:
-    """A quick TCP probe, so that being offline fails in seconds, not after minutes of download retries."""
-    if any(os.environ.get(v) for v in ('HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy')):
-        return True  # a proxy decides; let the download try
-    parts = urllib.parse.urlsplit(url)
-    try:
-        socket.create_connection((parts.hostname, parts.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def why_no_download(source: str) -> str | None:
-    """Why a download from `source` cannot happen now (offline mode, host unreachable), else None."""
-    if os.environ.get('HF_HUB_OFFLINE', '').lower() in ('1', 'true', 'yes'):
-        return 'HF_HUB_OFFLINE is set and the cache has no copy'
-    if source and not _reachable(source):
-        return f'{urllib.parse.urlsplit(source).hostname} is unreachable and the cache has no copy'
-    return None
+PROBE_TIMEOUT = 3.0  # seconds
+PROXY_VARIABLES = ('HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy')
 
 
 class HubFileUnavailable(RuntimeError):
     """The file is not in the cache and cannot be downloaded now; `str()` says why."""
+
+
+def _unreachable() -> str | None:
+    """Why the hub cannot be reached now (offline mode is huggingface_hub's to handle), else None."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode() or any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return None  # huggingface_hub refuses at once; a proxy decides (let the download try)
+    parts = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((parts.hostname, parts.port or 443), timeout=PROBE_TIMEOUT).close()
+        return None
+    except OSError as e:
+        return f'{parts.hostname} is unreachable and the cache has no copy ({e})'
+
+
+def reason(error: Exception) -> str:
+    """Why a download failed, in a line: offline mode, or huggingface_hub's own error."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return 'HF_HUB_OFFLINE is set and the cache has no copy'
+    return f'{type(error).__name__}: {error}'
 
 
 def cached_file(repo: str, filename: str) -> Path | None:
@@ -47,24 +55,27 @@ def cached_file(repo: str, filename: str) -> Path | None:
     return Path(path) if isinstance(path, str) and os.path.isfile(path) else None
 
 
-def hub_file(repo: str, filenames: tuple[str, ...]) -> Path:
+def hub_file(repo: str, filenames: tuple[str, ...] | list[str]) -> Path:
     """The first of `filenames` that `repo` has: from the cache, else downloaded into it."""
     for name in filenames:
         found = cached_file(repo, name)
         if found:
             return found
-    from huggingface_hub import constants, hf_hub_download
-
-    why = why_no_download(constants.ENDPOINT)
+    why = _unreachable()
     if why:
         raise HubFileUnavailable(why)
-    errors = []
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    missing = []
     for name in filenames:
         try:
             return Path(hf_hub_download(repo_id=repo, filename=name, cache_dir=str(cache_dir())))
-        except Exception as e:  # missing file, network and file-system errors all end here
-            errors.append(f'{name}: {type(e).__name__}: {e}')
-    raise HubFileUnavailable('; '.join(errors))
+        except RemoteEntryNotFoundError:  # the repository has no such file: the next name
+            missing.append(name)
+        except Exception as e:  # offline, network, hub and file-system errors all end here
+            raise HubFileUnavailable(reason(e)) from e
+    raise HubFileUnavailable(f'the repository has none of {", ".join(missing)}')
 
 
 def hub_snapshot(repo: str, patterns: list[str], required: str) -> Path:
@@ -72,15 +83,15 @@ def hub_snapshot(repo: str, patterns: list[str], required: str) -> Path:
     found = cached_file(repo, required)
     if found:
         return found.parent
-    from huggingface_hub import constants, snapshot_download
-
-    why = why_no_download(constants.ENDPOINT)
+    why = _unreachable()
     if why:
         raise HubFileUnavailable(why)
+    from huggingface_hub import snapshot_download
+
     try:
         folder = Path(snapshot_download(repo_id=repo, allow_patterns=patterns, cache_dir=str(cache_dir())))
-    except Exception as e:  # network, hub and file-system errors all end here
-        raise HubFileUnavailable(f'{type(e).__name__}: {e}') from e
+    except Exception as e:  # offline, network, hub and file-system errors all end here
+        raise HubFileUnavailable(reason(e)) from e
     if not (folder / required).is_file():
         raise HubFileUnavailable(f'the repository has no {required}')
     return folder

@@ -13,7 +13,7 @@ in one float32 array of shape `[max_num_patches, patch_size * patch_size * 3 + 3
 - column `-1`: 1 on the first `columns` rows, so its sum is the number of patch columns.
 
 Counting ones instead of writing the numbers keeps the shape exact in any precision a backend casts the
-batch to (bf16 holds integers exactly only up to 256). `split_naflex` (torch, in hf_checkpoints.py) and
+batch to (bf16 holds integers exactly only up to 256). `split_naflex` (torch, in families/transformers.py) and
 the exported ONNX graph read it back. Only the standard library and NumPy are imported here, on purpose.
 """
 

@@ -2,7 +2,7 @@
 `::random`, clip-as-service's `M-CLIP/...` and `CN-CLIP/...` models, and `transformers:` checkpoints.
 
 Parsing is pure string work so it can run (and fail with a helpful message) before anything heavy
-is imported. Resolving an architecture against open_clip's registry happens in `models.loading`.
+is imported. Resolving an architecture against open_clip's registry happens in `models.registry`.
 """
 
 from __future__ import annotations

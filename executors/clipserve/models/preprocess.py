@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from clipserve.models import qwen2_patches
 from clipserve.models.naflex import naflex_size, patchify
 from clipserve.models.resample import (
     EXACT_MODES,
@@ -42,16 +43,8 @@ from clipserve.models.resample import (
     vertical_first_pillow13,
 )
 
-__all__ = [
-    'OPENAI_MEAN',
-    'OPENAI_STD',
-    'PreprocessConfig',
-    'ImageError',
-    'open_image',
-    'image_from_array',
-    'preprocess_image',
-    'preprocess_bytes',
-]
+__all__ = ['OPENAI_MEAN', 'OPENAI_STD', 'PreprocessConfig', 'ImageError']
+__all__ += ['open_image', 'image_from_array', 'preprocess_image', 'preprocess_bytes']
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -71,7 +64,8 @@ class ImageError(ValueError):
 
 
 CROP_RULES = ('round', 'floor')
-RESIZE_MODES = ('shortest', 'squash', 'naflex')
+RESIZE_MODES = ('shortest', 'squash', 'naflex', 'qwen2')
+PATCH_MODES = ('naflex', 'qwen2')  # one fixed-shape array of patches per image (naflex.py, qwen2_patches.py)
 
 
 def _three_floats(value, name: str) -> tuple[float, float, float]:
@@ -103,6 +97,10 @@ class PreprocessConfig:
     # output laid out as naflex.py says; image_size is then only the nominal size (warm-up, listings)
     patch_size: int | None = None
     max_num_patches: int | None = None
+    # resize_mode 'qwen2' (ColQwen2): smart_resize to multiples of patch_size * merge_size with a pixel count in
+    # pixel_range (min, max); max_num_patches is the layout's rows (qwen2_patches.py)
+    merge_size: int | None = None
+    pixel_range: tuple[int, int] | None = None
 
     def __post_init__(self):
         """Fail at load time on a bad config rather than on the first request."""
@@ -117,10 +115,13 @@ class PreprocessConfig:
         if self.resize_mode not in RESIZE_MODES:
             raise ValueError(f'resize_mode must be one of {", ".join(RESIZE_MODES)}, got {self.resize_mode!r}')
         naflex = (self.patch_size, self.max_num_patches)
-        if (self.resize_mode == 'naflex') != all(isinstance(v, int) and not isinstance(v, bool) for v in naflex):
+        if (self.resize_mode in PATCH_MODES) != all(isinstance(v, int) and not isinstance(v, bool) for v in naflex):
             raise ValueError(f"resize_mode 'naflex' and only it needs patch_size and max_num_patches, got {naflex}")
-        if self.resize_mode == 'naflex' and min(naflex) < 1:
+        if self.resize_mode in PATCH_MODES and min(naflex) < 1:
             raise ValueError(f'patch_size and max_num_patches must be positive, got {naflex}')
+        qwen2 = (self.merge_size, *(self.pixel_range or (None, None)))
+        if (self.resize_mode == 'qwen2') != all(isinstance(v, int) and v >= 1 for v in qwen2):
+            raise ValueError(f"resize_mode 'qwen2' and only it needs merge_size and pixel_range, got {qwen2}")
         if self.crop not in CROP_RULES:
             raise ValueError(f'crop must be one of {", ".join(CROP_RULES)}, got {self.crop!r}')
         if self.max_pixels < 1:
@@ -215,8 +216,8 @@ def _draft(image: Image.Image, config: PreprocessConfig) -> None:
     """
     if config.resize_mode == 'squash':
         target = (config.image_size, config.image_size)
-    elif config.resize_mode == 'naflex':
-        target = _naflex_size(image.width, image.height, config)
+    elif config.resize_mode in PATCH_MODES:
+        target = _patches_size(image.width, image.height, config)
     else:
         target = _shortest_side_size(image.width, image.height, config.image_size)
     try:
@@ -332,15 +333,22 @@ def _resize_squash(image: Image.Image, config: PreprocessConfig) -> Image.Image:
     return image.resize((size, size), RESAMPLE[config.interpolation])
 
 
-def _naflex_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
-    """(width, height) of SigLIP2's aspect-keeping resize."""
-    new_height, new_width = naflex_size(height, width, config.patch_size, config.max_num_patches)
+def _patches_size(width: int, height: int, config: PreprocessConfig) -> tuple[int, int]:
+    """(width, height) of SigLIP2's or Qwen2-VL's aspect-keeping resize."""
+    if config.resize_mode == 'qwen2':
+        factor = config.patch_size * config.merge_size
+        try:
+            new_height, new_width = qwen2_patches.smart_resize(height, width, factor, *config.pixel_range)
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
+    else:
+        new_height, new_width = naflex_size(height, width, config.patch_size, config.max_num_patches)
     return new_width, new_height
 
 
-def _resize_naflex(image: Image.Image, config: PreprocessConfig) -> Image.Image:
-    """Resize((h, w)) to the size naflex_size picks, as transformers' PIL processor does (always resampled)."""
-    return image.resize(_naflex_size(image.width, image.height, config), RESAMPLE[config.interpolation])
+def _resize_patches(image: Image.Image, config: PreprocessConfig) -> Image.Image:
+    """Resize((h, w)) to the size the patch mode picks, as transformers' PIL processors do (always resampled)."""
+    return image.resize(_patches_size(image.width, image.height, config), RESAMPLE[config.interpolation])
 
 
 def _to_normalized_chw(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
@@ -358,8 +366,8 @@ def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray
     (NaFlex: [max_num_patches, patch_size**2 * 3 + 3], laid out as naflex.py says)."""
     _check_limits(image.width, image.height, config)
     try:
-        if config.resize_mode == 'naflex':
-            window = _resize_naflex(image, config)
+        if config.resize_mode in PATCH_MODES:
+            window = _resize_patches(image, config)
         elif config.resize_mode == 'squash':
             window = _resize_squash(image, config)
         else:
@@ -370,6 +378,12 @@ def preprocess_image(image: Image.Image, config: PreprocessConfig) -> np.ndarray
     except (OSError, ValueError) as exc:  # e.g. a mode Pillow cannot resample or turn into RGB
         raise ImageError(f'cannot preprocess a {image.mode} image: {exc}') from None
     del window
+    if config.resize_mode == 'qwen2':
+        chw = _to_normalized_chw(rgb, config)
+        try:
+            return qwen2_patches.patchify(chw, config.patch_size, config.merge_size, config.max_num_patches)
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
     if config.resize_mode == 'naflex':
         return patchify(_to_normalized_chw(rgb, config), config.patch_size, config.max_num_patches)
     return _to_normalized_chw(rgb, config)

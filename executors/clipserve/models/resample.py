@@ -6,6 +6,10 @@ Pillow's full resize followed by the crop. Whether Pillow resamples horizontally
 (which changes the rounding) is calibrated against the installed Pillow once per process
 (`calibrated_pass_order`); when no rule matches, the caller falls back to Pillow itself.
 
+Our own, not Pillow's `resize(size, box=window)`: that gives other bytes than the whole-image resize
+followed by the crop (float32 box edges; its pass order follows the window's shape), as
+tests/unit/test_resample.py shows, and preprocessing must match open_clip's bytes.
+
 Only the standard library, NumPy and Pillow are imported here, on purpose.
 """
 

@@ -36,6 +36,10 @@ class TextSpec:
     causal: bool = True
     hf_tokenizer_name: str | None = None  # where open_clip downloads the tokenizer files from
     vocab_size: int = BPE_VOCAB_SIZE
+    # late-interaction queries (query_tokenizer.py): each text as prompt_prefix + text + prompt_suffix, tokenized
+    # as one string without the tokenizer's own special tokens; None: texts as they are
+    prompt_prefix: str | None = None
+    prompt_suffix: str = ''
 
     def __post_init__(self):
         if self.tokenizer not in TOKENIZER_KINDS:

@@ -21,4 +21,8 @@ def make_tokenizer(spec: TextSpec, folder: str | Path | None = None):
             f'this model tokenizes with a Hugging Face tokenizer ({spec.hf_tokenizer_name or "unnamed"}) '
             'and no tokenizer files were found'
         )
+    if spec.prompt_prefix is not None:
+        from clipserve.models.query_tokenizer import QueryTokenizer
+
+        return QueryTokenizer(folder, spec.context_length, spec.prompt_prefix, spec.prompt_suffix)
     return HFTokenizer(folder, spec.context_length, spec.clean, spec.strip_sep_token)

@@ -10,6 +10,7 @@ sets and checks it), with the batch and, where the export has it, the sequence l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -26,9 +27,10 @@ from clipserve.backends.export_format import (
     locate_export,
     read_metadata,
 )
-from clipserve.backends.openvino_compile import compile_tower, pick_device, properties
-from clipserve.backends.openvino_int8 import quantize_matmul_weights
-from clipserve.backends.openvino_runtime import ov
+from clipserve.backends.int8_check import require_int8_dot_products, verify_int8
+from clipserve.backends.openvino.compile import compile_tower, pick_device, properties
+from clipserve.backends.openvino.int8 import quantize_matmul_weights
+from clipserve.backends.openvino.runtime import ov
 from clipserve.backends.precision import resolve_precision
 from clipserve.models.cache import cache_dir
 
@@ -48,6 +50,8 @@ class OpenVINOBackend(Backend):
         self.device = pick_device(core, options.device)
         self.precision = resolve_precision('openvino', self.device, options.dtype)
         self.dtype = self.precision.name
+        if self.dtype == 'int8':
+            require_int8_dot_products('openvino')
         self.folder = folder = locate_export(model, model_path, options.trust_remote_code, options.truncate_dim)
         visual, textual = core.read_model(str(folder / VISUAL_FILE)), core.read_model(str(folder / TEXTUAL_FILE))
         metadata = self._metadata(folder, model, visual)
@@ -67,6 +71,9 @@ class OpenVINOBackend(Backend):
         self.sigmoid_logits = tuple(metadata.sigmoid_logits) if metadata.sigmoid_logits else None
         self.preprocess = metadata.preprocess_config()
         self.embed_dim = metadata.embed_dim or self._probe_dim(metadata.image_size)
+        if self.dtype == 'int8':
+            fp32 = OpenVINOBackend(None, dataclasses.replace(options, dtype='fp32'), model_path=str(folder))
+            verify_int8(self, fp32)
 
     def _compile(self, core: ov.Core, graph: ov.Model, tower: str, dtype: str, options: BackendOptions):
         if dtype == 'int8':

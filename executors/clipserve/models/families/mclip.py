@@ -25,12 +25,16 @@ import torch
 
 from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
+from clipserve.models.dtypes import TORCH_DTYPES
+from clipserve.models.families import open_clip as open_clip_family
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import HubFileUnavailable, hub_file, hub_snapshot
 from clipserve.models.json_files import read_json_object
 from clipserve.models.names import MCLIP_FAMILY, ModelName, parse_model_name
+from clipserve.models.resolved import ResolvedModel
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
 
+FAMILY = MCLIP_FAMILY
 CONTEXT_LENGTH = 77  # clip-as-service's max_length for M-CLIP (the package itself never truncates)
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILES = ('model.safetensors', 'pytorch_model.bin')
@@ -70,18 +74,15 @@ def lookup(name: ModelName) -> MclipModel:
     return model
 
 
-def resolve(name: ModelName):
+def resolve(name: ModelName) -> ResolvedModel:
     """The M-CLIP model's facts; its image tower resolves as the open_clip model it names."""
-    from clipserve.models.registry import ResolvedModel
-    from clipserve.models.registry import resolve as resolve_open_clip
-
     model = lookup(name)
     if name.is_random:
         raise UnknownModelError(
             f'{name.arch} has no "::random": its text tower takes its shape from its files; give them with '
             f'"{name.arch}::/path/to/folder"'
         )
-    image = resolve_open_clip(parse_model_name(model.image_model))
+    image = open_clip_family.resolve(parse_model_name(model.image_model))
     return ResolvedModel(
         name=name,
         arch=name.arch,
@@ -234,10 +235,8 @@ class MultilingualCLIP(torch.nn.Module):
 
 def build(resolved, device: str, precision: str):
     """The pair in eval mode on `device` in `precision`."""
-    from clipserve.models.loading import TORCH_DTYPES, build_model
-
     text = build_text_tower(resolved, text_folder(resolved))
-    image = build_model(resolved.image_model, device=device, precision=precision)
+    image = open_clip_family.build(resolved.image_model, device=device, precision=precision)
     if text.LinearTransformation.out_features != resolved.embed_dim:
         raise WeightsUnavailableError(
             f'{resolved.name}: the text tower projects to {text.LinearTransformation.out_features} dimensions, '

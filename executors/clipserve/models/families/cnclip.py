@@ -30,12 +30,15 @@ import torch
 
 from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
+from clipserve.models.dtypes import TORCH_DTYPES
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE
 from clipserve.models.hub import HubFileUnavailable, hub_file
 from clipserve.models.names import CNCLIP_FAMILY, ModelName
 from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.resolved import ResolvedModel
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
 
+FAMILY = CNCLIP_FAMILY
 CONTEXT_LENGTH = 52  # cn_clip.clip.tokenize's default, which every published model was trained with
 VOCAB_FILE = 'vocab.txt'
 TOKENIZER_CONFIG = 'tokenizer_config.json'
@@ -108,9 +111,7 @@ def preprocess(model: CnclipModel) -> PreprocessConfig:
     return PreprocessConfig(image_size=model.image_size, interpolation='bicubic', resize_mode='squash')
 
 
-def resolve(name: ModelName):
-    from clipserve.models.registry import ResolvedModel
-
+def resolve(name: ModelName) -> ResolvedModel:
     model = lookup(name)
     return ResolvedModel(
         name=name,
@@ -158,8 +159,6 @@ def checkpoint_file(resolved) -> Path:
 
 def build(resolved, device: str, precision: str) -> torch.nn.Module:
     """cn_clip's model with the checkpoint's weights (or seeded random ones), in eval mode."""
-    from clipserve.models.loading import TORCH_DTYPES
-
     clip = _cn_clip()
     model = lookup(resolved.name)
     checkpoint = None

@@ -10,16 +10,16 @@ crash, a full disk, a hand edit) is rejected, removed and converted again.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
+
+from filelock import FileLock
 
 from clipserve.models.cache import cache_dir
 
@@ -40,7 +40,7 @@ def converted_copy(source: Path, kind: str, convert: Callable[[Path, Path], None
     if _verified(target, version):
         return target / MODEL_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.with_name(target.name + '.lock')):
+    with FileLock(target.with_name(target.name + '.lock')):  # across processes; released if one dies
         if _verified(target, version):  # another replica converted it while this one waited
             return target / MODEL_FILE
         if target.exists():
@@ -97,14 +97,3 @@ def _verified(folder: Path, version: int) -> bool:
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return True
-
-
-@contextmanager
-def _locked(path: Path):
-    """An exclusive advisory lock across processes (released when the process dies, too)."""
-    with open(path, 'a') as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

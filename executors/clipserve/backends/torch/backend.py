@@ -12,10 +12,10 @@ from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
 from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError
-from clipserve.models.loading import TORCH_DTYPES, build_model, tokenizer_folder
+from clipserve.models.dtypes import TORCH_DTYPES
 from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import preprocess_image
-from clipserve.models.registry import resolve
+from clipserve.models.registry import build_model, resolve, tokenizer_folder
 from clipserve.models.tokenizer_factory import make_tokenizer
 from clipserve.models.towers import TextTower, image_only_modules, sigmoid_logits
 
@@ -35,6 +35,11 @@ def pick_device(device: str | None) -> str:
     return str(parsed)
 
 
+#: pages per forward pass on a CPU for late-interaction models: a page is ~1,000 tokens through a 2-3 B model,
+#: so one page already fills the cores; small passes keep requests interleaved (benchmarks/late_interaction.py)
+LATE_INTERACTION_CPU_CHUNK = 2
+
+
 class TorchBackend(Backend):
     name = 'torch'
 
@@ -46,6 +51,15 @@ class TorchBackend(Backend):
         if options.num_threads and self.device == 'cpu':
             torch.set_num_threads(options.num_threads)
         resolved = resolve(parse_model_name(model), options.trust_remote_code, options.truncate_dim)
+        if resolved.multi_vector and self.precision.images != self.precision.texts:
+            # a page runs the whole language model, which the queries share: one precision for both
+            self.precision = dataclasses.replace(
+                self.precision,
+                texts=self.precision.images,
+                reason=f'{self.precision.reason}; late interaction: {self.precision.images} texts too (pages '
+                'and queries run the same language model)',
+            )
+            self.dtype = self.precision.name
         self.model_name = str(resolved.name)
         self.embed_dim = resolved.embed_dim
         self.context_length = resolved.context_length
@@ -60,6 +74,9 @@ class TorchBackend(Backend):
             self._cast_image_tower(TORCH_DTYPES[self.precision.images])
         self.sigmoid_logits = sigmoid_logits(self.model)
         self.trims_padding = self.text_tower.trimmed and trim_padding
+        self.multi_vector, self.image_tokens = resolved.multi_vector, resolved.image_tokens
+        if self.multi_vector and self.device == 'cpu':
+            self.cpu_image_chunk = LATE_INTERACTION_CPU_CHUNK
 
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

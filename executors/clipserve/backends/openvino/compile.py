@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from clipserve.backends.devices import parse_device
-from clipserve.backends.openvino_runtime import ov
+from clipserve.backends.openvino.runtime import ov
 from clipserve.errors import BackendUnavailableError
 
 DEVICE_KINDS = ('cpu', 'gpu')  # gpu: an Intel GPU through OpenVINO's GPU plugin

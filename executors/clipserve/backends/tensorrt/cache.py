@@ -4,7 +4,6 @@ ONNX export engines are built from. Plain Python; unit-tested without TensorRT."
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -12,6 +11,8 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from filelock import FileLock
 
 from clipserve.errors import EngineBuildError
 from clipserve.models.cache import cache_dir
@@ -133,21 +134,10 @@ def stale_reason(engine_file: Path, key: EngineKey) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _build_lock(engine_file: Path):
+def _build_lock(engine_file: Path) -> FileLock:
     """Replicas on one machine share the cache: only one of them builds an engine, the others then load it."""
     engine_file.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: concurrent builds are wasteful but safe (atomic renames)
-        yield
-        return
-    with open(engine_file.with_suffix('.lock'), 'a') as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(engine_file.with_suffix('.lock'))
 
 
 def load_or_build(engine_file: Path, key: EngineKey, deserialize, build):

@@ -36,10 +36,9 @@ from clipserve.backends.export_format import (
     write_metadata,
 )
 from clipserve.models.hf_tokenizer import TOKENIZER_FILES
-from clipserve.models.loading import build_model, tokenizer_folder
 from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import PreprocessConfig, preprocess_image
-from clipserve.models.registry import resolve
+from clipserve.models.registry import build_model, resolve, tokenizer_folder
 from clipserve.models.tokenizer_factory import make_tokenizer
 from clipserve.models.towers import ImageTower, TextTower, sigmoid_logits
 
@@ -121,6 +120,11 @@ def export_onnx(
     then hold the checkpoint's own code, truncation included).
     """
     resolved = resolve(parse_model_name(name), trust_remote_code, truncate_dim)
+    if resolved.multi_vector:
+        raise ExportError(
+            f'{name} is a late-interaction model (ColPali, ColQwen2): the torch backend serves it, there is no ONNX '
+            'export (its pages run the whole language model, which two graphs would each hold; docs/late-interaction.md)'
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(resolved, device='cpu', precision='fp32')

@@ -1,4 +1,5 @@
-"""CLIP-family checkpoints in transformers' format: `transformers:<hub id>` or `transformers:/path/to/folder`.
+"""CLIP-family checkpoints in transformers' format: `transformers:<hub id>` or `transformers:/path/to/folder`
+(ColPali and ColQwen2 checkpoints are handed to late_interaction.py).
 
 A folder as `save_pretrained` writes it (config.json, the weights, the tokenizer files,
 preprocessor_config.json) whose `model_type` is one transformers ships a CLIP-family model for. The
@@ -22,84 +23,36 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
 from clipserve.models.cache import CACHE_ENV, cache_dir
+from clipserve.models.dtypes import TORCH_DTYPES
+from clipserve.models.families import late_interaction
+from clipserve.models.families.late_interaction_files import LATE_TYPES, PROCESSOR_CONFIG_FILE, is_late_interaction
+from clipserve.models.families.transformers_configs import (
+    CONFIG_FILE,
+    MODEL_TYPES,
+    PROCESSOR_FILE,
+    SIGMOID_TYPES,
+    WEIGHTS_FILES,
+    model_type_facts,
+    preprocess_config,
+    read_json,
+    text_facts,
+)
 from clipserve.models.hf_tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
 from clipserve.models.hub import HubFileUnavailable, hub_snapshot
-from clipserve.models.json_files import read_json_object
 from clipserve.models.naflex import EXTRA_COLUMNS
 from clipserve.models.names import TRANSFORMERS_FAMILY, ModelName
-from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.resolved import ResolvedModel
 from clipserve.models.text_spec import HF_TOKENIZER, TextSpec
 
+FAMILY = TRANSFORMERS_FAMILY
+
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE = 'config.json'
-PROCESSOR_FILE = 'preprocessor_config.json'
-WEIGHTS_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
-
-
-@dataclass(frozen=True)
-class ModelType:
-    """What clipserve needs to know of one transformers model type."""
-
-    processor: dict  # the defaults of its image processor (what preprocessor_config.json may leave out)
-    fixed_length: bool = False  # pools at a fixed position (SigLIP: the last one): never trimmed
-    position_offset: int = 0  # positions a RoBERTa-style text tower reserves (pad id + 1)
-    clean: str = 'none'  # TextSpec.clean: 'siglip2' as transformers' Siglip2Tokenizer (lowercase, left padding)
-
-
-_CLIP_PROCESSOR = {
-    'size': {'shortest_edge': 224},
-    'crop_size': {'height': 224, 'width': 224},
-    'do_center_crop': True,
-    'resample': 3,
-    'image_mean': [0.48145466, 0.4578275, 0.40821073],
-    'image_std': [0.26862954, 0.26130258, 0.27577711],
-}
-MODEL_TYPES = {
-    'clip': ModelType(_CLIP_PROCESSOR),
-    'metaclip_2': ModelType(_CLIP_PROCESSOR),
-    'chinese_clip': ModelType(_CLIP_PROCESSOR),
-    'altclip': ModelType(_CLIP_PROCESSOR, position_offset=2),
-    'siglip': ModelType(
-        {
-            'size': {'height': 224, 'width': 224},
-            'do_center_crop': False,
-            'resample': 3,
-            'image_mean': [0.5, 0.5, 0.5],
-            'image_std': [0.5, 0.5, 0.5],
-        },
-        fixed_length=True,
-    ),
-    # NaFlex: aspect-keeping resize to at most max_num_patches patches; Siglip2Tokenizer lowercases
-    'siglip2': ModelType(
-        {
-            'patch_size': 16,
-            'max_num_patches': 256,
-            'resample': 2,
-            'image_mean': [0.5, 0.5, 0.5],
-            'image_std': [0.5, 0.5, 0.5],
-        },
-        fixed_length=True,
-        clean='siglip2',
-    ),
-}
-SIGMOID_TYPES = ('siglip', 'siglip2')  # text_config.hidden_size is their embedding size
-# what a checkpoint without a known type (one with its own code) is preprocessed and padded as
-_REMOTE_CODE = ModelType(_CLIP_PROCESSOR, fixed_length=True)
-# PIL's resampling codes, as preprocessor_config.json writes them
-_RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic', 4: 'box', 5: 'hamming'}
-
-
-def _read_json(path: Path) -> dict:
-    return read_json_object(path, WeightsUnavailableError)
 
 
 def checkpoint_folder(name: ModelName) -> Path:
@@ -116,6 +69,7 @@ def checkpoint_folder(name: ModelName) -> Path:
     # *.py: a checkpoint's own model code, run only with trust_remote_code (code in another repository:
     # remote_code_files)
     patterns = [CONFIG_FILE, PROCESSOR_FILE, 'model*.safetensors*', 'pytorch_model.bin', '*.py', *TOKENIZER_FILES]
+    patterns.append(PROCESSOR_CONFIG_FILE)  # ColPali / ColQwen2: the processor's prompts (late_interaction_files.py)
     try:
         return hub_snapshot(source, patterns, required=CONFIG_FILE)
     except HubFileUnavailable as e:
@@ -172,7 +126,7 @@ def remote_code_files(folder: Path, config: dict) -> dict[str, str]:
 
 def model_type(folder: Path, trust_remote_code: bool = False) -> str:
     """The checkpoint's model_type, if clipserve serves it; a checkpoint with its own code only when allowed."""
-    config = _read_json(folder / CONFIG_FILE)
+    config = read_json(folder / CONFIG_FILE)
     kind = config.get('model_type')
     if config.get('auto_map'):
         if not trust_remote_code:
@@ -188,77 +142,11 @@ def model_type(folder: Path, trust_remote_code: bool = False) -> str:
     if kind not in MODEL_TYPES:
         raise UnknownModelError(
             f'{str(folder)!r} has model_type {kind!r}; clipserve serves transformers checkpoints of the types '
-            f'{", ".join(MODEL_TYPES)} (`python -m clipserve models --family transformers`), and models with '
-            'their own code when allowed (trust_remote_code)'
+            f'{", ".join(MODEL_TYPES)} (`python -m clipserve models --family transformers`), the late-interaction '
+            f'types {", ".join(LATE_TYPES)} (`--family late-interaction`), and models with their own code when '
+            'allowed (trust_remote_code)'
         )
     return kind
-
-
-def _model_type_facts(kind: str) -> ModelType:
-    return MODEL_TYPES.get(kind, _REMOTE_CODE)
-
-
-def preprocess_config(folder: Path, kind: str) -> PreprocessConfig:
-    """The folder's image processor as clipserve's preprocessing (refused where it cannot be reproduced)."""
-    cfg = {**_model_type_facts(kind).processor, **_read_json(folder / PROCESSOR_FILE)}
-    where = str(folder / PROCESSOR_FILE)
-    if cfg.get('do_rescale', True) and abs(float(cfg.get('rescale_factor', 1 / 255)) - 1 / 255) > 1e-12:
-        raise UnknownModelError(f'{where}: rescale_factor {cfg["rescale_factor"]} is not supported (only 1/255)')
-    if not cfg.get('do_rescale', True) or not cfg.get('do_normalize', True) or not cfg.get('do_resize', True):
-        raise UnknownModelError(f'{where}: do_resize, do_rescale and do_normalize must be on')
-    resample = cfg.get('resample', 3)
-    if resample not in _RESAMPLE:
-        raise UnknownModelError(f'{where}: resample {resample!r} is not a PIL resampling filter')
-    if kind == 'siglip2':
-        return _naflex_config(cfg, _RESAMPLE[resample])
-    size, crop = cfg.get('size') or {}, cfg.get('crop_size') or {}
-    if isinstance(crop, int):
-        crop = {'height': crop, 'width': crop}
-    if 'shortest_edge' in size and cfg.get('do_center_crop'):
-        if not (size['shortest_edge'] == crop.get('height') == crop.get('width')) or 'longest_edge' in size:
-            raise UnknownModelError(
-                f'{where}: only a shortest-edge resize to the crop size is supported, got {size}, {crop}'
-            )
-        image_size, mode = int(size['shortest_edge']), 'shortest'
-    elif 'height' in size and size.get('height') == size.get('width'):
-        if cfg.get('do_center_crop') and not (crop.get('height') == crop.get('width') == size['height']):
-            raise UnknownModelError(f'{where}: a crop smaller than the resize is not supported, got {size}, {crop}')
-        image_size, mode = int(size['height']), 'squash'
-    else:
-        raise UnknownModelError(f'{where}: size {size} is not supported (a square resize, or a shortest edge + crop)')
-    return PreprocessConfig(
-        image_size=image_size,
-        mean=tuple(cfg['image_mean']),
-        std=tuple(cfg['image_std']),
-        interpolation=_RESAMPLE[resample],
-        resize_mode=mode,
-        crop='floor',
-    )
-
-
-def _naflex_config(cfg: dict, interpolation: str) -> PreprocessConfig:
-    """SigLIP2's processor: image_size is nominal (the square of max_num_patches patches: warm-up, listings)."""
-    patch, count = int(cfg['patch_size']), int(cfg['max_num_patches'])
-    return PreprocessConfig(
-        image_size=patch * max(1, math.isqrt(count)),
-        mean=tuple(cfg['image_mean']),
-        std=tuple(cfg['image_std']),
-        interpolation=interpolation,
-        resize_mode='naflex',
-        patch_size=patch,
-        max_num_patches=count,
-    )
-
-
-def text_facts(folder: Path, kind: str) -> tuple[int, list[str]]:
-    """(context length, the inputs the tokenizer gives the model)."""
-    config = _read_json(folder / CONFIG_FILE)
-    positions = int((config.get('text_config') or {}).get('max_position_embeddings') or 77)
-    positions -= _model_type_facts(kind).position_offset
-    tokenizer = _read_json(folder / 'tokenizer_config.json')
-    context = min(int(tokenizer.get('model_max_length') or positions), positions)
-    inputs = list(tokenizer.get('model_input_names') or ['input_ids', 'attention_mask'])
-    return context, inputs
 
 
 def _truncation(folder: Path, config: dict, truncate_dim: int | None, embed_dim: int) -> int:
@@ -273,13 +161,14 @@ def _truncation(folder: Path, config: dict, truncate_dim: int | None, embed_dim:
     return int(truncate_dim)
 
 
-def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int | None = None):
+def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int | None = None) -> ResolvedModel:
     """The checkpoint's facts from its files (a hub checkpoint downloads here, once, into the cache)."""
-    from clipserve.models.registry import ResolvedModel
-
     folder = checkpoint_folder(name)
+    late = read_json(folder / CONFIG_FILE)
+    if is_late_interaction(late.get('model_type')) and not late.get('auto_map'):
+        return late_interaction.resolve(name, folder, late['model_type'], truncate_dim)
     kind = model_type(folder, trust_remote_code)
-    config = _read_json(folder / CONFIG_FILE)
+    config = read_json(folder / CONFIG_FILE)
     if kind in SIGMOID_TYPES:
         embed_dim = (config.get('text_config') or {}).get('hidden_size', 768)
     else:
@@ -302,8 +191,8 @@ def resolve(name: ModelName, trust_remote_code: bool = False, truncate_dim: int 
         text=TextSpec(
             tokenizer=HF_TOKENIZER,
             context_length=context,
-            clean=_model_type_facts(kind).clean,
-            causal=not _model_type_facts(kind).fixed_length,
+            clean=model_type_facts(kind).clean,
+            causal=not model_type_facts(kind).fixed_length,
             hf_tokenizer_name=name.transformers_source,
         ),
         local_dir=folder,
@@ -364,8 +253,6 @@ class TransformersCLIP(torch.nn.Module):
 
 def build(resolved, device: str, precision: str) -> torch.nn.Module:
     """The checkpoint's model, in eval mode on `device` in `precision`; never with remote code."""
-    from clipserve.models.loading import TORCH_DTYPES
-
     try:
         import transformers
     except ImportError as e:
@@ -400,7 +287,7 @@ def build(resolved, device: str, precision: str) -> torch.nn.Module:
     wrapped = TransformersCLIP(
         model,
         'attention_mask' in resolved.model_cfg['text_inputs'],
-        not _model_type_facts(kind).fixed_length,
+        not model_type_facts(kind).fixed_length,
         resolved.model_cfg['truncate_dim'],
         naflex=resolved.preprocess.resize_mode == 'naflex',
     )

@@ -29,21 +29,21 @@ from clipserve.backends.export_format import (
     require_fixed_size,
 )
 from clipserve.backends.precision import resolve_precision
-from clipserve.backends.tensorrt_cache import (
+from clipserve.backends.tensorrt.cache import (
     EngineKey,
     engine_path,
     load_or_build,
     onnx_sha256,
     timing_cache_path,
 )
-from clipserve.backends.tensorrt_profiles import (
+from clipserve.backends.tensorrt.profiles import (
     check_max_batch,
     image_profiles,
     parse_cuda_device,
     profile_signature,
     text_profiles,
 )
-from clipserve.backends.tensorrt_runtime import (
+from clipserve.backends.tensorrt.runtime import (
     TowerRunner,
     build_engine,
     check_cuda,

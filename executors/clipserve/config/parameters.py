@@ -54,6 +54,8 @@ def check_access_paths(key: str, value) -> str:
 # Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
 # routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.
 TOKEN_COUNTS_PARAMETER = 'token_counts'
+# a late-interaction model's encode must ask for [tokens, dim] (serving/multi_vector.py)
+MULTI_VECTOR_PARAMETER = 'multi_vector'
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,16 @@ def request_options(parameters: dict | None, default_access_paths: str, logger=N
     return RequestOptions(
         access_paths=access_paths, drop_image_content=drop, allow_empty_matches=allow_empty, token_counts=counts
     )
+
+
+def check_number(key: str, value, minimum: float = 0.0) -> float:
+    """A finite number > `minimum` (protobuf carries numbers as floats; YAML and headers as strings)."""
+    import math
+
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number <= minimum:
+        raise InvalidParameterError(f'parameter {key!r} must be a number > {minimum:g}, got {value!r}')
+    return number

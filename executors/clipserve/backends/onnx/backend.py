@@ -9,6 +9,7 @@ Given a model name instead, it exports the model once, in a separate process (wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from clipserve.backends.export_format import (
     locate_export,
     read_metadata,
 )
-from clipserve.backends.onnx_fp16 import fp16_copy
-from clipserve.backends.onnx_int8 import int8_copy
+from clipserve.backends.int8_check import verify_int8
+from clipserve.backends.onnx.fp16 import fp16_copy
+from clipserve.backends.onnx.int8 import int8_copy
 from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError
 
@@ -89,6 +91,9 @@ class OnnxBackend(Backend):
         self.sigmoid_logits = tuple(metadata.sigmoid_logits) if metadata.sigmoid_logits else None
         self.embed_dim = metadata.embed_dim or self._probe_dim(metadata.image_size)
         self.preprocess = metadata.preprocess_config()
+        if self.dtype == 'int8':
+            fp32 = OnnxBackend(None, dataclasses.replace(options, dtype='fp32'), model_path=str(folder))
+            verify_int8(self, fp32)
 
     # ---- set-up ---------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clipserve.backends.tensorrt_cache import atomic_write
+from clipserve.backends.tensorrt.cache import atomic_write
 from clipserve.errors import BackendUnavailableError, EngineBuildError
 
 INSTALL_COMMAND = 'pip install "clipserve[tensorrt]"'

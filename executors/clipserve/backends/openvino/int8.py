@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clipserve.backends.openvino_runtime import opset, ov
+from clipserve.backends.openvino.runtime import opset, ov
 
 
 def quantize_matmul_weights(model: ov.Model) -> int:

@@ -1,10 +1,10 @@
-"""fp16 copies of ONNX graphs for CUDA, converted once and cached (backends/onnx_copies.py)."""
+"""fp16 copies of ONNX graphs for CUDA, converted once and cached (backends/onnx/copies.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from clipserve.backends.onnx_copies import DATA_FILE, INTEGRITY_FILE, MODEL_FILE, converted_copy
+from clipserve.backends.onnx.copies import DATA_FILE, INTEGRITY_FILE, MODEL_FILE, converted_copy
 
 FORMAT = 1  # bump when the conversion changes, so cached copies are redone
 

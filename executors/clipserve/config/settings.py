@@ -1,0 +1,333 @@
+"""Every setting of an executor, once: its name, type, default, environment variable and description.
+
+A setting's value comes from, in order: the executor's argument (Flow YAML `with:`, `uses_with`,
+`--uses-with`), then its environment variable (`CLIPSERVE_*`), then its default. An argument that is
+empty, None or an unexpanded `${{ ENV.X }}` (Jina leaves `$X` when X is unset) counts as not given.
+Lists are lists, or one comma-separated string (as environment variables and `--uses-with` give them);
+numbers must be finite and within their range; a wrong value is an InvalidParameterError naming the
+setting and what it accepts, at start. The reference in the docs is generated from this table.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from clipserve.config.parameters import check_access_paths, check_bool, env_or_default
+from clipserve.errors import InvalidParameterError
+
+BACKEND_NAMES = ('torch', 'onnx', 'openvino', 'tensorrt')
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str  # str, int, float, bool, list, choice
+    default: Any
+    description: str
+    env: str | None = None  # default CLIPSERVE_<NAME>; '' for none
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+    section: str = 'model'
+
+    @property
+    def variable(self) -> str | None:
+        return None if self.env == '' else (self.env or f'CLIPSERVE_{self.name.upper()}')
+
+
+def _s(name, kind, default, description, **extra) -> Setting:
+    return Setting(name, kind, default, description, **extra)
+
+
+EXECUTOR_SETTINGS: tuple[Setting, ...] = (
+    # the model and where it runs
+    _s(
+        'name',
+        'str',
+        'ViT-B-32::openai',
+        'The model, `arch::pretrained` or one of the other forms (docs/concepts/models.md).',
+        env='CLIPSERVE_MODEL',
+    ),
+    _s('backend', 'choice', 'torch', 'The runtime that serves it.', choices=BACKEND_NAMES),
+    _s(
+        'model_path',
+        'str',
+        None,
+        'onnx, openvino, tensorrt: a directory with visual.onnx and textual.onnx (an export).',
+    ),
+    _s('device', 'str', None, '`cpu`, `cuda`, `cuda:1`, `gpu` (OpenVINO); unset: CUDA where present, else the CPU.'),
+    _s(
+        'dtype',
+        'str',
+        None,
+        '`fp32`, `fp16`, `bf16`, `int8` or `auto` (unset): the fastest precision this CPU/GPU computes natively.',
+    ),
+    _s(
+        'threads',
+        'int',
+        None,
+        'CPU threads for the model; unset: the cores divided by the copies (replicas x shards) of this executor.',
+        minimum=1,
+    ),
+    _s('trust_remote_code', 'bool', False, 'transformers checkpoints: run model code shipped with the checkpoint.'),
+    _s(
+        'truncate_dim',
+        'int',
+        None,
+        'Matryoshka-trained transformers checkpoints: keep the first N dimensions.',
+        minimum=1,
+    ),
+    _s(
+        'pool_factor',
+        'int',
+        1,
+        "Late-interaction models (ColPali, ColQwen2): pool each page's vectors this many to one (1: off); "
+        'requests may send their own `pool_factor`.',
+        minimum=1,
+    ),
+    # batching
+    _s(
+        'minibatch_size',
+        'int',
+        32,
+        'Rows (texts, or images on a GPU) per forward pass; images on a CPU run 8 at a time.',
+        minimum=1,
+        section='batching',
+    ),
+    _s('num_worker_preprocess', 'int', 4, 'Threads decoding and preprocessing images.', minimum=1, section='batching'),
+    _s(
+        'batch_requests',
+        'bool',
+        True,
+        'Merge concurrent requests into shared forward passes (dynamic batching).',
+        section='batching',
+    ),
+    _s(
+        'batch_wait_ms',
+        'float',
+        5.0,
+        'How long a forward pass that is not full waits for requests still on their way.',
+        minimum=0,
+        section='batching',
+    ),
+    _s(
+        'access_paths',
+        'str',
+        '@r',
+        'DocArray selector of the documents to encode (`traversal_paths`: its old name).',
+        section='batching',
+    ),
+    # inputs
+    _s(
+        'allow_local_files',
+        'bool',
+        False,
+        'Read images from server-side paths named by clients (off: secure by default).',
+        section='inputs',
+    ),
+    _s('local_files_root', 'str', None, 'With allow_local_files: only files under this directory.', section='inputs'),
+    _s(
+        'allow_remote_uris',
+        'bool',
+        False,
+        'Fetch http(s) image URLs named by clients (off: secure by default).',
+        section='inputs',
+    ),
+    _s(
+        'remote_allowed_hosts',
+        'list',
+        (),
+        'Hosts, addresses or CIDR networks exempt from the public-address check (comma-separated).',
+        section='inputs',
+    ),
+    _s('remote_timeout', 'float', 10.0, 'Seconds for one fetch, redirects included.', minimum=0.001, section='inputs'),
+    _s(
+        'max_image_bytes',
+        'int',
+        20 * MiB,
+        'Largest encoded image (blob, data: URI, file or download).',
+        minimum=1,
+        section='inputs',
+    ),
+    _s(
+        'max_image_pixels',
+        'int',
+        50_000_000,
+        'Largest decoded image, in pixels (decompression bombs are refused).',
+        minimum=1,
+        section='inputs',
+    ),
+    _s(
+        'jpeg_draft',
+        'bool',
+        False,
+        "Decode large JPEGs at a reduced scale (faster; not bit-exact with open_clip's preprocessing).",
+        section='inputs',
+    ),
+    _s(
+        'fetch_threads',
+        'int',
+        16,
+        'Threads fetching image URLs and files, shared by all requests of the replica.',
+        minimum=1,
+        section='inputs',
+    ),
+    _s('fetch_concurrency', 'int', 4, 'Fetches one request may run at once.', minimum=1, section='inputs'),
+    _s(
+        'fetch_seconds',
+        'float',
+        60.0,
+        "Seconds one request's fetches may take in all; later ones fail, each naming why.",
+        minimum=0.001,
+        section='inputs',
+    ),
+    _s('fetch_max_bytes', 'int', 512 * MiB, 'Bytes one request may fetch in all.', minimum=1, section='inputs'),
+    # limits
+    _s(
+        'max_requests',
+        'int',
+        64,
+        'Requests a replica holds at once; more are refused (429 / RESOURCE_EXHAUSTED) to retry.',
+        minimum=1,
+        section='limits',
+    ),
+    _s(
+        'max_documents',
+        'int',
+        4096,
+        'Documents a replica holds at once (a larger request alone is still served).',
+        minimum=1,
+        section='limits',
+    ),
+    _s(
+        'max_request_seconds',
+        'float',
+        300.0,
+        "The longest a request may take; a request's `timeout_seconds` parameter may shorten it.",
+        minimum=0.001,
+        section='limits',
+    ),
+    # routing and lifecycle
+    _s(
+        'serve_default',
+        'bool',
+        True,
+        'Answer requests that name no model (multi-model Flows: exactly one executor does).',
+        section='routing',
+    ),
+    _s(
+        'served_models',
+        'list',
+        (),
+        "Every model of a multi-model Flow (comma-separated), so requests for another's pass through.",
+        section='routing',
+    ),
+    _s(
+        'shutdown_grace',
+        'float',
+        30.0,
+        'Seconds requests in flight get to finish on SIGTERM/SIGINT.',
+        minimum=0,
+        section='routing',
+    ),
+)
+
+
+def read_setting(setting: Setting, given, environ=None):
+    """The value of one setting: the argument if given, else its environment variable, else its default."""
+    environ = os.environ if environ is None else environ
+    value = env_or_default(given, None)
+    source = 'argument'
+    if value is None and setting.variable:
+        value = env_or_default(environ.get(setting.variable), None)
+        source = setting.variable
+    if value is None:
+        return setting.default
+    return convert(setting, value, source)
+
+
+def convert(setting: Setting, value, source: str = 'argument'):
+    """`value` as the setting's type, checked; InvalidParameterError naming the setting (and the source) if not."""
+    where = f'{setting.name!r}' + (f' (from {source})' if source != 'argument' else '')
+    kind = setting.kind
+    if kind == 'bool':
+        if isinstance(value, str) and value.strip().lower() in ('1', 'yes', 'on', '0', 'no', 'off'):
+            return value.strip().lower() in ('1', 'yes', 'on')
+        try:
+            return check_bool(setting.name, value.strip() if isinstance(value, str) else value)
+        except InvalidParameterError:
+            raise InvalidParameterError(f'{where} must be true or false, got {value!r}') from None
+    if kind in ('int', 'float'):
+        return _number(setting, value, where)
+    if kind == 'list':
+        return _list(value, where)
+    text = str(value).strip()
+    if kind == 'choice' and text not in setting.choices:
+        raise InvalidParameterError(f'{where} must be one of {", ".join(setting.choices)}, got {value!r}')
+    return text
+
+
+def _number(setting: Setting, value, where: str):
+    wanted = 'an integer' if setting.kind == 'int' else 'a number'
+    bound = f' >= {setting.minimum:g}' if setting.minimum is not None else ''
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
+    try:
+        number = float(value)
+    except ValueError:
+        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}') from None
+    if not math.isfinite(number) or (setting.kind == 'int' and not number.is_integer()):
+        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
+    if setting.minimum is not None and number < setting.minimum:
+        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
+    return int(number) if setting.kind == 'int' else number
+
+
+def _list(value, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items = value.split(',')
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise InvalidParameterError(f'{where} must be a list or a comma-separated string, got {value!r}')
+    out = []
+    for item in items:
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise InvalidParameterError(f'{where}: every item must be a string, got {item!r}')
+        if str(item).strip():
+            out.append(str(item).strip())
+    return tuple(out)
+
+
+class Settings(dict):
+    """The read values by name, also as attributes; `warnings` lists deprecated arguments that were used."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def read_settings(table: tuple[Setting, ...], arguments: dict, environ=None) -> Settings:
+    """Every setting of `table` from `arguments` (constructor arguments), the environment and the defaults."""
+    unknown = set(arguments) - {s.name for s in table}
+    if unknown:
+        raise InvalidParameterError(f'unknown setting(s) {", ".join(sorted(unknown))}')
+    values = Settings({s.name: read_setting(s, arguments.get(s.name), environ) for s in table})
+    values['warnings'] = ()
+    return values
+
+
+def executor_settings(environ=None, **arguments) -> Settings:
+    """An executor's settings, checked; the deprecated `traversal_paths` sets `access_paths`."""
+    old = env_or_default(arguments.pop('traversal_paths', None), None)
+    values = read_settings(EXECUTOR_SETTINGS, arguments, environ)
+    if old is not None:
+        values['access_paths'] = old
+        values['warnings'] = (*values['warnings'], '"traversal_paths" is deprecated; use "access_paths"')
+    values['access_paths'] = check_access_paths('access_paths', values['access_paths'])
+    return values
