@@ -1,0 +1,59 @@
+"""Room for decoded images: how many rows of pixels may wait for the model at once, all requests together.
+
+A request takes room before it decodes a minibatch and gives it back once the model has run it (or the
+image failed), so under any load decoded pixels in memory stay bounded. When room is short, who gets it
+next decides who waits: not the first to ask (a small request would wait behind every large one admitted
+before it, each holding its place), nor whichever thread wakes first, but the waiter whose request has had
+the least room so far, then the one asking for fewer rows, then the earliest. A newcomer's first minibatch
+so goes ahead of the later minibatches of large requests, and a one-image request ahead of an eight-image
+one: it waits about one forward pass for room, as it does at the model (engine/scheduler.py). Large
+requests still progress: the requests a replica holds are bounded (engine/admission.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+
+from clipserve.errors import DeadlineExceededError
+
+
+class Room:
+    def __init__(self, rows: int):
+        self.capacity = rows
+        self.free = rows
+        self._changed = threading.Condition()
+        self._waiting: list[tuple[int, int, int]] = []  # (rows had, rows asked, arrival): a heap, first goes next
+        self._arrivals = itertools.count()
+
+    def take(self, rows: int, deadline: float | None = None, had: int = 0) -> None:
+        """Wait for `rows` rows of room (a minibatch larger than the whole room waits until it is empty);
+        `had`: the rows this request took before, which puts it behind requests that had fewer."""
+        need = min(rows, self.capacity)
+        with self._changed:
+            ticket = (had, need, next(self._arrivals))
+            heapq.heappush(self._waiting, ticket)
+            try:
+                while self._waiting[0] != ticket or self.free < need:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise DeadlineExceededError(
+                            'the request waited past its deadline for room to decode its images'
+                        )
+                    self._changed.wait(left)
+                heapq.heappop(self._waiting)
+                self.free -= rows
+            except BaseException:
+                self._waiting.remove(ticket)
+                heapq.heapify(self._waiting)
+                raise
+            finally:
+                self._changed.notify_all()  # the next in line may be another waiter now
+
+    def give(self, rows: int) -> None:
+        if rows:
+            with self._changed:
+                self.free += rows
+                self._changed.notify_all()
