@@ -1,18 +1,52 @@
-"""clipserve: CLIP embeddings and cross-modal ranking as Jina executors.
+"""clipserve: CLIP embeddings and cross-modal ranking as Jina executors, a bulk embedder, and their engine.
 
-Importing the package defines (and so registers with Jina) `CLIPEncoder` and `CLIPRanker`, which
-is what `py_modules: [clipserve]` in a Flow YAML relies on. Backends are imported only when an
-executor selects one, so `import clipserve` never pulls in torch or onnxruntime.
+The packages are layers, each importing only the ones below it (docs/development.md):
+errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and jobs (bulk) -> __main__.
+
+`from clipserve import CLIPEncoder, CLIPRanker` defines the executors, for the DocArray flavour installed
+(serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
+serving/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
+A Flow YAML's `py_modules: [clipserve]` makes Jina import this package, and Jina finds `uses: CLIPEncoder`
+(and the gateways `ReadyGateway`, `ClipServeGateway`) only once their classes are defined: when Jina is
+already imported, importing the package defines them at once. Otherwise (a bulk job, a Ray worker, the command line)
+they are defined on first use, so `import clipserve` pulls in neither Jina nor DocArray, nor any
+backend's runtime.
 """
 
 import os
+import sys
 
 __version__ = '0.1.0'
 
 # Secure by default: no events posted to Jina AI's telemetry server from processes serving clipserve.
 os.environ.setdefault('JINA_OPTOUT_TELEMETRY', '1')
 
-from clipserve.encoder import CLIPEncoder  # noqa: E402
-from clipserve.ranker import CLIPRanker  # noqa: E402
+_SERVING = {
+    'CLIPEncoder': 'executors',
+    'CLIPRanker': 'executors',
+    'ReadyGateway': 'gateway',
+    'ClipServeGateway': 'gateway',
+}
 
-__all__ = ['CLIPEncoder', 'CLIPRanker', '__version__']
+
+def __getattr__(name: str):
+    if name in _SERVING:
+        from importlib import import_module
+
+        from clipserve.serving.flavour import executors_module
+
+        module = executors_module() if _SERVING[name] == 'executors' else f'clipserve.serving.{_SERVING[name]}'
+        return getattr(import_module(module), name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+if 'jina' in sys.modules:  # loaded by Jina (py_modules): register the executors and gateways now
+    from clipserve.serving.flavour import installed as _flavour  # noqa: E402
+
+    if _flavour() == 'v2':  # DocArray v2: Jina's gateway models fixed for pydantic >= 2.11 before any app is built
+        from clipserve.serving.executors_v2 import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+    else:
+        from clipserve.serving.executors import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+    from clipserve.serving.gateway import ClipServeGateway, ReadyGateway  # noqa: E402, F401
+
+__all__ = ['CLIPEncoder', 'CLIPRanker', 'ReadyGateway', 'ClipServeGateway', '__version__']

@@ -1,6 +1,7 @@
 """Command line: `python -m clipserve [flow.yml]` serves a Flow; `... models` lists models;
 `... export onnx NAME OUT_DIR` exports a model to ONNX; `... ready [HOST:PORT]` exits 0 only when
-the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK).
+the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK); `... embed INPUT --output DIR`
+embeds a whole collection (clipserve.jobs).
 
 Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
 repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
@@ -31,7 +32,8 @@ def find_flow(arg: str) -> Path:
 
 
 def serve(flow_arg: str | None, from_stdin: bool) -> None:
-    from jina import Flow
+    import clipserve.serving.gateway  # noqa: F401  (defines clipserve's gateways for the YAML)
+    from clipserve.serving.jina_compat import serve_flow
 
     if from_stdin:
         with tempfile.NamedTemporaryFile('w', suffix='.yml', delete=False) as f:
@@ -39,8 +41,7 @@ def serve(flow_arg: str | None, from_stdin: bool) -> None:
         path = Path(f.name)
     else:
         path = find_flow(flow_arg or DEFAULT_FLOW)
-    with Flow.load_config(str(path)) as flow:
-        flow.block()
+    serve_flow(str(path))
 
 
 def _cell(value) -> str:
@@ -97,7 +98,7 @@ def export(argv: list[str]) -> None:
     )
     parser.add_argument('name', help='model name, e.g. ViT-B-32::openai')
     parser.add_argument('out_dir', help='directory to write')
-    parser.add_argument('--opset', type=int, default=18)
+    parser.add_argument('--opset', type=int, default=18, help='ONNX opset of the export (default 18)')
     parser.add_argument(
         '--inline',
         action='store_true',
@@ -113,7 +114,7 @@ def export(argv: list[str]) -> None:
     )
     parser.add_argument('--truncate-dim', type=int, help='a Matryoshka-trained checkpoint: keep the first N dimensions')
     args = parser.parse_args(argv)
-    from clipserve.backends.onnx_export import export_onnx, export_to_cache
+    from clipserve.backends.onnx.export import export_onnx, export_to_cache
 
     load = {'trust_remote_code': args.trust_remote_code, 'truncate_dim': args.truncate_dim}
     if args.cache:
@@ -136,7 +137,7 @@ def ready(argv: list[str]) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from clipserve.readiness import READINESS_SERVICE
+    from clipserve.serving.readiness import READINESS_SERVICE
 
     target = args.address.split('://', 1)[-1]
     tls = args.tls or args.address.startswith('grpcs://')
@@ -161,6 +162,11 @@ def main(argv: list[str] | None = None) -> None:
         return export(argv[2:])
     if argv[:1] == ['ready']:
         return ready(argv[1:])
+    if argv[:1] == ['embed']:
+        from clipserve.jobs.cli import main as embed
+
+        embed(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog='python -m clipserve', description='Serve a clipserve Flow.')
     parser.add_argument('flow', nargs='?', help=f'Flow YAML path or a name in flows/ (default {DEFAULT_FLOW})')
     parser.add_argument('-i', action='store_true', help='read the Flow YAML from standard input')

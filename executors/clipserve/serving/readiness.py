@@ -18,12 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from docarray import DocumentArray
-from jina.proto import jina_pb2, jina_pb2_grpc
-from jina.serve.networking.utils import get_grpc_channel
-from jina.types.request.data import DataRequest
 
-from clipserve.endpoints import READY_ENDPOINT, read_reports
+from clipserve.serving.endpoints import READY_ENDPOINT, read_reports
+from clipserve.serving.jina_compat import post_to_executor
 
 READY_PATH = '/readyz'  # HTTP GET: 200 ready, 503 not ready
 LIVE_PATH = '/livez'  # HTTP GET: 200 while the gateway answers
@@ -74,17 +71,7 @@ async def probe_address(address: str, timeout: float) -> list[dict]:
 
     Raises on no answer or an error answer (a head whose shard is not up answers with an error).
     """
-    request = DataRequest()
-    request.header.exec_endpoint = READY_ENDPOINT
-    request.data.docs = DocumentArray()
-    target, tls = address.split('://', 1)[-1], address.startswith('grpcs://')
-    async with get_grpc_channel(target, asyncio=True, tls=tls) as channel:
-        stub = jina_pb2_grpc.JinaSingleDataRequestRPCStub(channel)
-        # a head picks its polling (ANY / ALL shards) by the `endpoint` metadata, as the gateway sends it
-        answer = await stub.process_single_data(request, metadata=(('endpoint', READY_ENDPOINT),), timeout=timeout)
-    if answer.header.status.code == jina_pb2.StatusProto.ERROR:
-        raise RuntimeError(answer.header.status.exception.name or 'error')
-    return read_reports(answer.docs)
+    return read_reports(await post_to_executor(address, READY_ENDPOINT, timeout))
 
 
 class FlowReadiness:

@@ -1,10 +1,10 @@
-"""OpenAI's embeddings API, a rank route in the style of the rerank APIs, and a model list, as plain data.
+"""OpenAI's embeddings API, a rank route in the style of the rerank APIs, and a model list: the requests, as data.
 
-What the gateway's `/v1/*` routes (openai_gateway.py) need that is not about Jina: the request body
-read into a list of text and image items (errors naming the bad item's index), the answers built in
-OpenAI's shapes (base64 as OpenAI's SDK decodes it: little-endian float32), `usage`, OpenAI's error
-object, and the encoder's per-document failures turned back into errors that name the request's items.
-No Jina, no DocArray, no sockets: everything here is tested on plain values.
+What the gateway's `/v1/*` routes (openai_routes.py, openai_gateway.py) need that is not about Jina: the
+request body parsed within bounds (bytes by the gateway's max_body_bytes, JSON values counted before they
+are built) into a list of text and image items (errors naming the bad item's index), OpenAI's error object,
+and the encoder's errors mapped by their kind (errors.py), per-document failures named by the request's
+items. The answers' shapes are openai_answers.py's. No Jina, no DocArray, no sockets.
 
 Inputs (`input` of /v1/embeddings, `query` and `documents` of /v1/rank):
 
@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
+import json
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
-from clipserve.uris import UriError, decode_data_uri
+from clipserve.inputs.uris import UriError, decode_data_uri
 
 MAX_INPUTS = 2048  # items per request, as OpenAI's embeddings API allows
+MODELS_PATH = '/v1/models'
+EMBEDDINGS_PATH = '/v1/embeddings'
+RANK_PATH = '/v1/rank'
+PLAYGROUND_PATH = '/playground'
+ROUTES = {MODELS_PATH: 'GET', EMBEDDINGS_PATH: 'POST', RANK_PATH: 'POST'}
 ENCODING_FORMATS = ('float', 'base64')
 MODALITIES = ('text', 'image')
 TEXT, IMAGE = 'text', 'image'
@@ -40,21 +43,26 @@ IMAGE_TOKENS = 0
 class APIError(Exception):
     """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers=()):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = tuple(headers)  # extra (name, value) response headers, e.g. Retry-After
 
     @property
     def type(self) -> str:
         if self.status == 401:
             return 'invalid_request_error'  # as OpenAI answers a wrong key
-        return 'server_error' if self.status >= 500 else 'invalid_request_error'
+        return 'server_error' if self.status >= 500 or self.status == 429 else 'invalid_request_error'
 
     def body(self) -> dict:
         return {'error': {'message': self.message, 'type': self.type, 'param': self.param, 'code': self.code}}
+
+
+def is_api_path(path: str | None) -> bool:
+    return bool(path) and (path == '/v1' or path.startswith('/v1/'))
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = 'invalid_value') -> APIError:
@@ -108,13 +116,15 @@ def _image(value, param: str, max_bytes: int, bare_base64: bool = True) -> Item:
     if _is_url(value):
         return Item(IMAGE, url=value)
     if value[:5].lower() == 'data:':
+        if len(value) - value.find(',') - 1 > max_bytes * 4 // 3 + 4:
+            raise _too_large(param, f'the data: URI is larger than the limit of {max_bytes} bytes')
         try:
             data = decode_data_uri(value, max_bytes)
         except UriError as e:
-            raise _image_error(param, str(e)) from None
+            raise bad_request(f'{param}: {e}', param, 'invalid_image') from None
     elif bare_base64 and value:
         if len(value) > max_bytes * 4 // 3 + 4:
-            raise _image_error(param, f'the base64 image is larger than the limit of {max_bytes} bytes')
+            raise _too_large(param, f'the base64 image is larger than the limit of {max_bytes} bytes')
         try:
             data = base64.b64decode(value.replace('\n', '').replace('\r', ''), validate=True)
         except (binascii.Error, ValueError):
@@ -128,13 +138,8 @@ def _image(value, param: str, max_bytes: int, bare_base64: bool = True) -> Item:
     return Item(IMAGE, image=data)
 
 
-def _image_error(param: str, reason: str) -> APIError:
-    return APIError(
-        413 if is_size_limit(reason) else 400,
-        f'{param}: {reason}',
-        param,
-        'too_large' if is_size_limit(reason) else 'invalid_image',
-    )
+def _too_large(param: str, reason: str) -> APIError:
+    return APIError(413, f'{param}: {reason}', param, 'too_large')
 
 
 def parse_item(value, param: str, modality: str | None = None, max_image_bytes: int = 1 << 62) -> Item:
@@ -203,7 +208,11 @@ def parse_items(
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         parse_item(value, param)  # raises: a list of ints is one tokenized input
     if len(value) > max_items:
-        raise bad_request(f"'{param}' has {len(value)} items; at most {max_items} per request", param, 'too_many_items')
+        raise bad_request(
+            f"'{param}' has {len(value)} items; at most {max_items} per request (the gateway's max_inputs)",
+            param,
+            'too_many_items',
+        )
     return [parse_item(v, f'{param}[{i}]', modality, max_image_bytes) for i, v in enumerate(value)]
 
 
@@ -240,9 +249,10 @@ class EmbeddingsRequest:
     model: str | None  # None: the Flow's default model
     encoding_format: str = 'float'
     dimensions: int | None = None
+    return_multivector: bool = False  # late-interaction models: [tokens, dim] per input, asked for explicitly
 
 
-def parse_embeddings_request(body, max_image_bytes: int = 1 << 62) -> EmbeddingsRequest:
+def parse_embeddings_request(body, max_image_bytes: int = 1 << 62, max_inputs: int = MAX_INPUTS) -> EmbeddingsRequest:
     """The body of POST /v1/embeddings. `user` is accepted and ignored; other unknown fields are ignored."""
     body = _object(body)
     encoding_format = body.get('encoding_format') or 'float'
@@ -254,9 +264,35 @@ def parse_embeddings_request(body, max_image_bytes: int = 1 << 62) -> Embeddings
     dimensions = body.get('dimensions')
     if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)):
         raise bad_request(f"'dimensions' must be an integer, got {dimensions!r}", 'dimensions')
+    multivector = body.get('return_multivector', False)
+    if not isinstance(multivector, bool):
+        raise bad_request(f"'return_multivector' must be true or false, got {multivector!r}", 'return_multivector')
     model = _model(body)
-    items = parse_items(body.get('input'), 'input', _modality(body), max_image_bytes=max_image_bytes)
-    return EmbeddingsRequest(items=items, model=model, encoding_format=encoding_format, dimensions=dimensions)
+    items = parse_items(body.get('input'), 'input', _modality(body), max_inputs, max_image_bytes)
+    return EmbeddingsRequest(
+        items=items,
+        model=model,
+        encoding_format=encoding_format,
+        dimensions=dimensions,
+        return_multivector=multivector,
+    )
+
+
+def check_multivector(asked: bool, model: str, multi_vector: bool) -> None:
+    """A late-interaction model answers with [tokens, dim] per input, which an OpenAI client reading one vector
+    would mistake: it is served only when asked for (`return_multivector`), and only by such a model."""
+    if asked and not multi_vector:
+        raise bad_request(
+            f"'return_multivector' is for late-interaction models (ColPali, ColQwen2); {model} gives one vector "
+            'per input',
+            'return_multivector',
+        )
+    if multi_vector and not asked:
+        raise bad_request(
+            f'{model} is a late-interaction model: it gives one vector per token ([tokens, dim] per input), not '
+            "one per input; send 'return_multivector': true to receive them",
+            'return_multivector',
+        )
 
 
 def check_dimensions(dimensions: int | None, model: str, embed_dim: int) -> None:
@@ -280,7 +316,7 @@ class RankRequest:
     top_n: int | None = None
 
 
-def parse_rank_request(body, max_image_bytes: int = 1 << 62) -> RankRequest:
+def parse_rank_request(body, max_image_bytes: int = 1 << 62, max_inputs: int = MAX_INPUTS) -> RankRequest:
     """The body of POST /v1/rank: `query` (one item), `documents` (alias `candidates`: a list), `top_n`."""
     body = _object(body)
     modality = _modality(body)
@@ -294,146 +330,52 @@ def parse_rank_request(body, max_image_bytes: int = 1 << 62) -> RankRequest:
     documents = body.get(name)
     if documents is not None and not isinstance(documents, list):
         raise bad_request(f"'{name}' must be a list of texts or images", name)
-    items = parse_items(documents, name, modality, max_image_bytes=max_image_bytes)
+    items = parse_items(documents, name, modality, max_inputs, max_image_bytes)
     top_n = body.get('top_n')
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise bad_request(f"'top_n' must be an integer >= 1, got {top_n!r}", 'top_n')
     return RankRequest(query=query, documents=items, model=model, top_n=top_n)
 
 
-# ---- answers ------------------------------------------------------------------------------------
+# ---- the body ------------------------------------------------------------------------------------
+
+# a JSON string (what it holds cannot be structure); unrolled, so it scans in linear time
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 
-def l2_normalise(vectors) -> np.ndarray:
-    """Rows scaled to unit length (as OpenAI's embeddings are), in float32; an all-zero row stays zero."""
-    matrix = np.asarray(vectors, dtype=np.float64)
-    norms = np.linalg.norm(matrix, axis=-1, keepdims=True)
-    return (matrix / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+def _structure(raw: bytes, start: int = 0, end: int | None = None) -> int:
+    end = len(raw) if end is None else end
+    return raw.count(b',', start, end) + raw.count(b'[', start, end) + raw.count(b'{', start, end)
 
 
-def encode_base64(vector) -> str:
-    """base64 of the little-endian float32 bytes: what OpenAI answers and its SDK decodes."""
-    return base64.b64encode(np.asarray(vector, dtype='<f4').tobytes()).decode('ascii')
+def too_many_values(raw: bytes, most: int) -> bool:
+    """Whether a JSON document holds more than `most` values, told without parsing it: each container holds
+    at most one more value than it has commas, so values <= commas + containers + 1 outside strings; and a
+    document with more strings than that is too many whatever its structure. Linear, nothing copied."""
+    structure = _structure(raw) + 1
+    if structure <= most:
+        return False
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > most:  # at least that many strings
+        return True
+    inside = sum(_structure(raw, m.start(), m.end()) for m in _STRING.finditer(raw))  # texts' commas
+    return structure - inside > most
 
 
-def decode_base64(data: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(data), dtype='<f4')
-
-
-def usage(prompt_tokens: int) -> dict:
-    return {'prompt_tokens': int(prompt_tokens), 'total_tokens': int(prompt_tokens)}
-
-
-def embeddings_response(vectors, model: str, encoding_format: str, prompt_tokens: int) -> dict:
-    """OpenAI's answer: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], ...}."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    if encoding_format == 'base64':
-        rows = [encode_base64(v) for v in vectors]
-    else:
-        rows = vectors.tolist()
-    return {
-        'object': 'list',
-        'data': [{'object': 'embedding', 'index': i, 'embedding': row} for i, row in enumerate(rows)],
-        'model': model,
-        'usage': usage(prompt_tokens),
-    }
-
-
-@dataclass(frozen=True)
-class RankResult:
-    index: int
-    clip_score: float  # softmax of 100 x cosine over the request's documents, as /rank computes it
-    clip_score_cosine: float
-    siglip_score: float | None = None  # SigLIP models: the model's own match probability
-
-
-def rank_response(results: list[RankResult], model: str, prompt_tokens: int, top_n: int | None = None) -> dict:
-    """Results best first (the order /rank sorts them in), cut to `top_n`. `relevance_score` is
-    `clip_score`, under the name rerank clients read."""
-    rows = []
-    for r in results[:top_n] if top_n else results:
-        row = {
-            'index': r.index,
-            'relevance_score': r.clip_score,
-            'clip_score': r.clip_score,
-            'clip_score_cosine': r.clip_score_cosine,
-        }
-        if r.siglip_score is not None:
-            row['siglip_score'] = r.siglip_score
-        rows.append(row)
-    return {'object': 'rerank', 'model': model, 'results': rows, 'usage': usage(prompt_tokens)}
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """One model of the Flow, as its encoder reports it (`/clipserve/info`)."""
-
-    name: str  # canonical: what /encode/<name> routes by
-    embed_dim: int
-    aliases: tuple[str, ...] = ()  # other names it answers to (as configured, e.g. ViT-B/32)
-    default: bool = False  # answers requests that name no model
-    modalities: tuple[str, ...] = MODALITIES
-
-
-def models_response(models: list[ServedModel], created: int) -> dict:
-    """GET /v1/models: OpenAI's list of model objects, with each model's embedding size and modalities."""
-    return {
-        'object': 'list',
-        'data': [
-            {
-                'id': m.name,
-                'object': 'model',
-                'created': int(created),
-                'owned_by': 'clipserve',
-                'embedding_dimensions': m.embed_dim,
-                'modalities': list(m.modalities),
-                'aliases': list(m.aliases),
-                'default': m.default,
-            }
-            for m in models
-        ],
-    }
-
-
-def unknown_model(model: str, served: list[str]) -> APIError:
-    return APIError(
-        404,
-        f'The model {model!r} does not exist on this server; served models: {", ".join(served)}',
-        'model',
-        'model_not_found',
-    )
-
-
-# ---- the encoder's failures as API errors -------------------------------------------------------
-
-# The size caps' messages (uris.py, documents.py, models/preprocess.py): an image over max_image_bytes
-# or max_image_pixels is a 413, any other bad image a 400.
-_SIZE_LIMIT = re.compile(
-    r'larger than the limit of \d+ bytes|over the limit of \d+ (bytes|pixels)|^image too large', re.IGNORECASE
-)
-_FAILURE = re.compile(r"document '(?P<id>[^']*)': (?P<reason>.*?)(?=; document '|; and \d+ more$|$)", re.DOTALL)
-
-
-def is_size_limit(reason: str) -> bool:
-    return bool(_SIZE_LIMIT.search(reason))
-
-
-def parse_failures(message: str) -> list[tuple[str, str]]:
-    """(document id, reason) from the message of an InvalidDocumentError (errors.py) as Jina relays it."""
-    return [(m.group('id'), m.group('reason').strip()) for m in _FAILURE.finditer(message)]
-
-
-def failures_error(failures: list[tuple[str, str]], params: dict[str, str]) -> APIError:
-    """One error naming every failed item by its request position (`params`: document id -> `input[i]`).
-    A size cap makes it a 413, anything else a 400; the first failure is the `param`."""
-    named = [(params.get(doc_id, doc_id), reason) for doc_id, reason in failures]
-    if not named:
-        return bad_request('the request could not be encoded', None, 'invalid_input')
-    too_large = any(is_size_limit(reason) for _, reason in named)
-    text = '; '.join(f'{param}: {reason}' for param, reason in named)
-    return APIError(413 if too_large else 400, text, named[0][0], 'too_large' if too_large else 'invalid_input')
-
-
-def finite(value: float) -> float:
-    """JSON has no NaN or infinity; a score that is not finite (it should never be) becomes 0."""
-    return float(value) if math.isfinite(value) else 0.0
+def parse_body(raw: bytes, max_inputs: int = MAX_INPUTS):
+    """The JSON of a request body, refused before it is built when it holds more values than `max_inputs`
+    items could (8 values an item is more than any item form takes): a body of a million empty items is a
+    million Python objects, however few bytes it is."""
+    most = 8 * max_inputs + 64
+    if too_many_values(raw, most):
+        raise bad_request(
+            f'the request holds more than {most} JSON values; at most {max_inputs} inputs per request '
+            "(the gateway's max_inputs)",
+            None,
+            'too_many_items',
+        )
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f'the request body is not valid JSON: {e}', None, 'invalid_json') from None
+    except RecursionError:
+        raise bad_request('the request body is nested too deeply', None, 'invalid_json') from None

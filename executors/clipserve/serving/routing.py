@@ -14,11 +14,10 @@ every `/encode/<anything>` path itself and builds its handler from the name.
 
 from __future__ import annotations
 
-from jina.serve.executors import _FunctionWithSchema
-
-from clipserve.endpoints import INFO_ENDPOINT, READY_ENDPOINT
 from clipserve.errors import UnknownModelError
 from clipserve.models.names import parse_model_name
+from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
+from clipserve.serving.jina_compat import endpoint_handler
 
 # endpoints every executor keeps, also the extra models' executors (serve_default=False)
 ALWAYS_BOUND = (INFO_ENDPOINT, READY_ENDPOINT)
@@ -37,7 +36,7 @@ def _pass_through(executor, **kwargs):
     return None
 
 
-PASS_THROUGH = _FunctionWithSchema.get_function_with_schema(_pass_through)
+PASS_THROUGH = endpoint_handler(_pass_through)
 
 
 class ModelRoutes(dict):
@@ -93,7 +92,7 @@ def model_routes(
         def unknown_model(executor, **kwargs):
             raise UnknownModelError(f'model {model!r} is not served by this Flow; served models: {served}')
 
-        return _FunctionWithSchema.get_function_with_schema(unknown_model)
+        return endpoint_handler(unknown_model)
 
     table = ModelRoutes(kept, handlers, handler_for)
     own = {model_name, configured_name}

@@ -1,4 +1,4 @@
-"""A replica's life around its requests: a warm-up before it serves, and a drain when it is told to stop.
+"""A replica's drain when it is told to stop: requests in flight finish, new ones go elsewhere.
 
 Jina's worker, on SIGTERM or SIGINT, closes the executor first and then stops its gRPC server without
 a grace period, so requests in flight are cut. `install_drain` replaces that shutdown of the one
@@ -11,45 +11,11 @@ drain is not installed and leaves Jina's shutdown as it is.
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
 
-import numpy as np
-from docarray import Document, DocumentArray
-from jina.serve.runtimes.servers import BaseServer
-
-
-def warm_up_documents(image_size: int) -> DocumentArray:
-    """One text and one image, run once at start so that the first real request is not the slow one."""
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 256, size=(image_size, image_size, 3), dtype=np.uint8)
-    return DocumentArray([Document(text='a photo of a cat'), Document(tensor=image)])
-
-
-def _holders(obj, attribute: str):
-    return [r for r in gc.get_referrers(obj) if not isinstance(r, dict) and getattr(r, attribute, None) is obj]
-
-
-def _holder_dicts(obj, attribute: str):
-    """Objects whose `attribute` is `obj` (gc sees the instance's __dict__ first, then the instance)."""
-    found = []
-    for namespace in gc.get_referrers(obj):
-        if isinstance(namespace, dict) and namespace.get(attribute) is obj:
-            found += [o for o in gc.get_referrers(namespace) if getattr(o, '__dict__', None) is namespace]
-    return found + _holders(obj, attribute)
-
-
-def find_worker_server(executor):
-    """The server whose request handler runs `executor`: the server, None (not built yet) or False (the
-    handler's server is not a gRPC one, e.g. an executor served over HTTP)."""
-    for handler in _holder_dicts(executor, '_executor'):
-        for server in _holder_dicts(handler, '_request_handler'):
-            if hasattr(server, 'health_servicer') and hasattr(server, 'server'):
-                return server
-            return False
-    return None
+from clipserve.serving.jina_compat import close_worker_server, worker_server
 
 
 def install_drain(executor, grace: float, on_drain) -> bool | None:
@@ -58,10 +24,9 @@ def install_drain(executor, grace: float, on_drain) -> bool | None:
     `on_drain()` runs first (the executor marks itself draining). Returns True when installed, None
     when the server is not built yet, False when it cannot be (the shutdown stays Jina's).
     """
-    server = find_worker_server(executor)
+    server = worker_server(executor)
     if not server:
         return server
-    handler = server._request_handler
     done = []
 
     async def draining_shutdown():
@@ -73,8 +38,7 @@ def install_drain(executor, grace: float, on_drain) -> bool | None:
         await server.health_servicer.enter_graceful_shutdown()  # NOT_SERVING on every service
         # grpc: no new RPCs from now on; those in flight get `grace` seconds to finish
         await server.server.stop(grace=grace)
-        await handler.close()  # closes the executor
-        await BaseServer.shutdown(server)  # tracing/metrics teardown, as Jina's shutdown does
+        await close_worker_server(server)  # closes the executor, then tracing and metrics, as Jina's shutdown does
         _flush_output()
 
     server.shutdown = draining_shutdown

@@ -1,0 +1,238 @@
+"""`python -m clipserve embed INPUT --output DIR ...`: the command line of bulk embedding.
+
+It parses the options, plans the input, checks that the output folder is this job's (or new), chooses
+who embeds (the model here, a Flow with --server, or a Ray cluster with --engine ray), runs, and prints a
+summary. Errors a user can fix (a missing input, a column that is not there, a folder of another job, an
+unreachable server) end the run with one line naming the thing and the reason, exit status 2; Ctrl-C
+ends it with status 130 after the shard being written is complete or discarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from clipserve.jobs.bridge import BACKENDS
+from clipserve.jobs.job import MODALITIES, JobOptions, prepare
+from clipserve.jobs.readers import FORMATS, InputError
+from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog='python -m clipserve embed',
+        description="Embed a collection into clip-retrieval's layout (img_emb/, text_emb/, metadata/), resumably.",
+    )
+    p.add_argument(
+        'input',
+        help='a folder of images (+ same-stem .txt captions), a list of paths/URLs, a CSV/TSV '
+        'or parquet table (file or folder), or webdataset .tar shards (file, folder, name-{000..099}.tar)',
+    )
+    p.add_argument('--output', '-o', required=True, help='output folder; rerun the same command to resume')
+    m = p.add_argument_group('model')
+    m.add_argument(
+        '--model', default='ViT-B-32::openai', help='model name, as the server takes it (default %(default)s)'
+    )
+    m.add_argument('--backend', default='torch', choices=BACKENDS, help='the runtime that embeds (default torch)')
+    m.add_argument('--device', help='cpu, cuda, cuda:1 (default: cuda when present)')
+    m.add_argument('--dtype', help='model precision: fp32, fp16, bf16, int8 (default: auto, as the server chooses)')
+    m.add_argument('--model-path', help='exported model folder (onnx, openvino, tensorrt backends)')
+    m.add_argument(
+        '--threads', type=int, help='CPU threads of the model (default: the cores the decoding workers leave)'
+    )
+    i = p.add_argument_group('input')
+    i.add_argument('--input-format', choices=FORMATS, help='default: from the path')
+    i.add_argument(
+        '--modality',
+        default='auto',
+        choices=MODALITIES,
+        help='auto: images and captions where the input has captions, else images',
+    )
+    i.add_argument('--image-column', help='table column of image paths, URLs or bytes')
+    i.add_argument('--caption-column', help='table column of captions')
+    i.add_argument(
+        '--allow-host',
+        action='append',
+        default=[],
+        metavar='HOST',
+        help='fetch URLs on this host/network even when it is not public (repeatable)',
+    )
+    i.add_argument('--remote-timeout', type=float, default=10.0, help='seconds per URL fetch (default %(default)s)')
+    i.add_argument('--max-image-bytes', type=int, default=20 * 1024 * 1024, help='default %(default)s')
+    i.add_argument('--max-image-pixels', type=int, help="default: the model's (50M)")
+    o = p.add_argument_group('output and speed')
+    o.add_argument(
+        '--shard-size',
+        type=int,
+        default=10_000,
+        help='rows per output shard (default %(default)s; webdataset: one shard per input tar)',
+    )
+    o.add_argument(
+        '--output-dtype',
+        default='fp16',
+        choices=sorted(OUTPUT_DTYPES),
+        help='precision of the stored vectors (default fp16)',
+    )
+    o.add_argument('--no-normalize', action='store_true', help='keep raw embeddings (default: unit length)')
+    o.add_argument('--batch-size', type=int, help='rows per model call (default 32 on a CPU, 256 on a GPU)')
+    o.add_argument(
+        '--workers',
+        type=int,
+        help='decoding processes (default: a quarter of the cores for a CPU '
+        'model, all but one for a GPU or a server; 0 decodes in this process)',
+    )
+    o.add_argument('--fetch-threads', type=int, default=8, help='URL fetches at once per worker')
+    o.add_argument('--quiet', '-q', action='store_true', help='no progress line')
+    o.add_argument('--json', action='store_true', help='print the summary as JSON on standard output')
+    r = p.add_argument_group('engines')
+    r.add_argument(
+        '--engine',
+        default='local',
+        choices=('local', 'ray'),
+        help='local processes (default), or Ray Data stages on a cluster',
+    )
+    r.add_argument('--address', help='Ray cluster address (default: start Ray on this machine)')
+    r.add_argument('--actors', type=int, help='Ray model actors (default: one per GPU, else CPUs / 4)')
+    r.add_argument('--actor-cpus', type=float, default=None, help='CPUs per Ray model actor (default 2, 1 with a GPU)')
+    r.add_argument(
+        '--actor-gpus', type=float, default=None, help='GPUs per Ray model actor (default 1 on GPU clusters)'
+    )
+    r.add_argument('--server', help='embed through a running clipserve Flow (its HTTP address) instead of a model')
+    r.add_argument('--token', default=os.environ.get('CLIPSERVE_TOKEN'), help="the Flow's token (or CLIPSERVE_TOKEN)")
+    return p
+
+
+def options_from(args) -> JobOptions:
+    return JobOptions(
+        input=args.input,
+        output=args.output,
+        model=args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        model_path=args.model_path,
+        input_format=args.input_format,
+        modality=args.modality,
+        image_column=args.image_column,
+        caption_column=args.caption_column,
+        shard_size=args.shard_size,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        threads=args.threads,
+        output_dtype=args.output_dtype,
+        normalize=not args.no_normalize,
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
+        remote_timeout=args.remote_timeout,
+        allowed_hosts=tuple(args.allow_host),
+        fetch_threads=args.fetch_threads,
+        engine=args.engine,
+        address=args.address,
+        actors=args.actors,
+        actor_cpus=args.actor_cpus,
+        actor_gpus=args.actor_gpus,
+        server=args.server,
+        token=args.token,
+        quiet=args.quiet,
+    )
+
+
+def _fail(message: str) -> None:
+    print(f'clipserve embed: {message}', file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str]) -> dict:
+    args = parser().parse_args(argv)
+    options = options_from(args)
+    if options.server and options.engine == 'ray':
+        _fail('--server and --engine ray are alternatives: the Flow is the engine')
+    if options.server and not options.normalize:
+        _fail("--no-normalize cannot be used with --server: the server's /v1/embeddings answers unit-length vectors")
+    lock = None
+    try:
+        job = prepare(options)
+        lock = FolderLock(Path(options.output))
+        job.writer.prepare()
+        if options.engine == 'ray':
+            from clipserve.jobs.ray_engine import run_ray
+
+            summary = run_ray(job)
+        else:
+            summary = _run_here(job)
+    except (InputError, OutputError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        print(
+            '\nclipserve embed: interrupted; the complete shards are kept: rerun the same command to continue',
+            file=sys.stderr,
+        )
+        raise SystemExit(130)
+    finally:
+        if lock is not None:
+            lock.release()
+    _report(summary, args.json)
+    return summary
+
+
+def _run_here(job) -> dict:
+    from clipserve.jobs.embedders import ModelEmbedder, ServerEmbedder
+    from clipserve.jobs.local import run_local
+    from clipserve.jobs.progress import Progress
+    from clipserve.jobs.server_client import ServerError
+
+    o = job.options
+    try:
+        if o.server:
+            embedder = ServerEmbedder(
+                o.server, o.model if o.model != JobOptions.model else None, o.token, o.resolved_batch()
+            )
+            name = embedder.description
+        else:
+            embedder = ModelEmbedder(
+                o.backend,
+                o.model,
+                o.device,
+                o.dtype,
+                o.model_path,
+                o.resolved_batch(),
+                o.max_image_pixels,
+                o.resolved_threads(),
+            )
+            name = o.model
+    except ServerError as e:
+        _fail(str(e))
+    try:
+        check_manifest(Path(o.output), job.manifest(name, embedder.precision))
+        pending = job.pending
+        skipped = job.plan.rows - sum(p.count for p in pending)
+        progress = Progress(sum(p.count for p in pending), skipped, len(pending), quiet=o.quiet)
+        if not o.quiet:
+            print(
+                f'clipserve embed: {job.plan.description} -> {o.output}: {len(pending)} of {len(job.plan.parts)} '
+                f'shards to do, with {embedder.description}',
+                file=sys.stderr,
+            )
+        try:
+            run_local(job, embedder, progress)
+        except ServerError as e:
+            progress.close()
+            _fail(f'{e} (the shards already written are kept; rerun to continue)')
+        progress.close()
+        return progress.summary() | {'engine': 'local', 'output': o.output, 'model': embedder.description}
+    finally:
+        embedder.close()
+
+
+def _report(summary: dict, as_json: bool) -> None:
+    print(
+        f'clipserve embed: {summary["embedded"]} rows embedded, {summary["errors"]} failed (errors/), '
+        f'{summary["skipped_rows"]} done before; {summary["seconds"]:.1f} s, '
+        f'{summary["images_per_second"]:.1f} images/s ({summary["engine"]})',
+        file=sys.stderr,
+    )
+    if as_json:
+        print(json.dumps(summary))

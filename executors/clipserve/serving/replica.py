@@ -1,0 +1,305 @@
+"""The replica every CLIP executor is, whatever the DocArray flavour: model, backend, engine, limits, metrics.
+
+A replica is built from its settings (config/settings.py): backend, pipeline, document encoder and
+metrics; it binds its endpoints (routing.py for multi-model Flows), answers /clipserve/info, counts
+requests in flight (admission, metrics) and drains on shutdown. Nothing here knows a document type:
+executors.py puts DocArray v1's endpoints on it (clip-as-service's executors, for clip-client), and
+executors_v2.py DocArray v2's (typed documents, schemas.py); both share all of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from jina import Executor, requests
+
+from clipserve.backends import BackendOptions, create_backend
+from clipserve.backends.torch.lean_imports import keep_triton_out
+from clipserve.config.parameters import check_number
+from clipserve.config.settings import executor_settings
+from clipserve.engine.admission import Admission, Limits, deadline_after
+from clipserve.engine.fetch import FetchBudget
+from clipserve.engine.pipeline import EncodePipeline
+from clipserve.errors import InvalidParameterError, OverloadedError
+from clipserve.inputs.uris import UriPolicy
+from clipserve.models.names import parse_model_name
+from clipserve.serving.encoding import DocumentEncoder
+from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
+from clipserve.serving.jina_compat import allow_concurrent_requests, install_grpc_server_defaults
+from clipserve.serving.lifecycle import install_drain_when_served
+from clipserve.serving.metrics import Metrics
+from clipserve.serving.routing import model_routes
+
+# ---- The replica both executors are ---------------------------------------------------------------
+
+install_grpc_server_defaults()  # before Jina builds this replica's gRPC server (jina_compat.py)
+
+
+def thread_budget(copies: int, cores: int | None = None) -> int | None:
+    """CPU threads per copy of an executor so that copies x threads never exceeds the cores; OMP_NUM_THREADS wins."""
+    if os.environ.get('OMP_NUM_THREADS'):
+        return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    return max(1, cores // max(1, copies))
+
+
+def count_documents(docs) -> int:
+    """Documents a request holds for admission: each root and each of its matches (either flavour)."""
+    return len(docs) + sum(len(getattr(d, 'matches', None) or ()) for d in docs)
+
+
+class CLIPReplica(Executor):
+    """Loads one CLIP model on one backend; its subclasses encode and rank documents of one DocArray flavour with it.
+
+    Every argument is a setting of config/settings.py (type, default, environment variable); None means
+    "not given": the environment variable, else the default.
+    """
+
+    #: /rank keeps the embeddings documents already carry (the request parameter `reuse_embeddings` wins)
+    reuse_embeddings_default = False
+
+    def __init__(
+        self,
+        name=None,
+        backend=None,
+        model_path=None,
+        device=None,
+        dtype=None,
+        threads=None,
+        trust_remote_code=None,
+        truncate_dim=None,
+        pool_factor=None,
+        minibatch_size=None,
+        num_worker_preprocess=None,
+        batch_requests=None,
+        batch_wait_ms=None,
+        access_paths=None,
+        allow_local_files=None,
+        local_files_root=None,
+        allow_remote_uris=None,
+        remote_allowed_hosts=None,
+        remote_timeout=None,
+        max_image_bytes=None,
+        max_image_pixels=None,
+        jpeg_draft=None,
+        fetch_threads=None,
+        fetch_concurrency=None,
+        fetch_seconds=None,
+        fetch_max_bytes=None,
+        max_requests=None,
+        max_documents=None,
+        max_request_seconds=None,
+        serve_default=None,
+        served_models=None,
+        shutdown_grace=None,
+        traversal_paths=None,
+        **kwargs,
+    ):
+        arguments = {k: v for k, v in locals().items() if k not in ('self', 'kwargs', '__class__')}
+        super().__init__(**kwargs)
+        started = time.perf_counter()
+        self.settings = settings = executor_settings(**arguments)
+        for warning in settings.warnings:
+            self.logger.warning(warning)
+        try:
+            self.model = parse_model_name(settings.name)
+        except ValueError as e:
+            raise InvalidParameterError(f'name: {e}') from None
+        self._configured_name = settings.name
+        self.minibatch_size = settings.minibatch_size
+        self.access_paths = settings.access_paths
+        self.serve_default = settings.serve_default
+        self.shutdown_grace = settings.shutdown_grace
+        self.uri_policy = UriPolicy(
+            allow_local_files=settings.allow_local_files,
+            local_files_root=settings.local_files_root,
+            allow_remote=settings.allow_remote_uris,
+            allowed_hosts=settings.remote_allowed_hosts,
+            remote_timeout=settings.remote_timeout,
+            max_bytes=settings.max_image_bytes,
+        )
+        copies = (getattr(self.runtime_args, 'replicas', 1) or 1) * (getattr(self.runtime_args, 'shards', 1) or 1)
+        self.threads = settings.threads or thread_budget(copies)
+        if settings.backend == 'torch':
+            keep_triton_out(settings.device)
+        self.backend = create_backend(
+            settings.backend,
+            self.model,
+            BackendOptions(
+                device=settings.device,
+                dtype=settings.dtype,
+                num_threads=self.threads,
+                trust_remote_code=settings.trust_remote_code,
+                truncate_dim=settings.truncate_dim,
+            ),
+            model_path=settings.model_path,
+            max_batch=settings.minibatch_size,
+        )
+        self.preprocess_config = dataclasses.replace(
+            self.backend.preprocess, max_pixels=settings.max_image_pixels, jpeg_draft=settings.jpeg_draft
+        )
+        self.admission = Admission(Limits(settings.max_requests, settings.max_documents))
+        self.metrics = Metrics(
+            getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
+        )
+        self.pipeline = EncodePipeline(
+            self.backend,
+            settings.minibatch_size,
+            settings.num_worker_preprocess,
+            batch_wait=settings.batch_wait_ms / 1000 if settings.batch_requests else None,
+            others_in_flight=lambda: self.admission.requests > 1,
+            fetch_threads=settings.fetch_threads,
+            fetch_budget=FetchBudget(settings.fetch_seconds, settings.fetch_max_bytes, settings.fetch_concurrency),
+            on_wait=lambda kind, seconds: self.metrics.queue_wait(self.backend.model_name, kind, seconds),
+        )
+        self.metrics.watch_load(
+            self.backend.model_name,
+            lambda: self.admission.requests,
+            lambda: self.admission.documents,
+            self.pipeline.scheduler.waiting_rows,
+        )
+        # each admitted request runs on a thread of its own (see __acall__), and requests run concurrently
+        # whatever the Flow says (the pipeline is thread-safe), so they can share forward passes
+        self._request_threads = ThreadPoolExecutor(settings.max_requests + 2, thread_name_prefix='clipserve-request')
+        self._threads_installed = False
+        allow_concurrent_requests(self)
+        self.encoder = DocumentEncoder(
+            self.backend, self.pipeline, self.uri_policy, self.preprocess_config, self.metrics
+        )
+        self.served_models = list(settings.served_models) or [self.backend.model_name]
+        self.load_seconds = time.perf_counter() - started
+        self.warmup_seconds = self._warm_up()
+        self._draining = False
+        if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
+            install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
+        self.logger.info(
+            f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
+            f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}; '
+            f'threads {self.threads or "OMP_NUM_THREADS"} ({copies} copies of this executor on {os.cpu_count()} cores); '
+            f'limits: {settings.max_requests} requests, {settings.max_documents} documents in flight'
+        )
+
+    def _warm_up(self) -> float:
+        """One text and one image through the whole path (preprocessing, model), then counters reset."""
+        started = time.perf_counter()
+        self.encode_documents(self.warm_up_documents(), drop_images=True)
+        b = self.backend
+        b.model_calls = b.images_encoded = b.texts_encoded = 0
+        return time.perf_counter() - started
+
+    def _start_draining(self) -> None:
+        self._draining = True
+        self.logger.info(
+            f'draining: no new requests; {self.admission.requests} in flight get up to {self.shutdown_grace:g}s'
+        )
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self._request_threads.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
+        super().close()
+
+    def _bind_model_endpoints(self, *endpoints: str) -> None:
+        """Route `/<endpoint>/<model>` by model, for multi-model Flows (see routing.py)."""
+        self._requests = model_routes(
+            self.requests,
+            endpoints,
+            self.backend.model_name,
+            self._configured_name,
+            self.served_models,
+            self.serve_default,
+        )
+
+    async def __acall__(self, req_endpoint: str, **kwargs):
+        """Admit the request (or refuse it as overload, at once) and count failures by kind (for metrics).
+
+        The gateway's readiness probes and /clipserve/info are neither counted nor refused.
+        """
+        if not self._threads_installed:
+            # Jina runs each request's endpoint on the event loop's default thread pool (a handful of
+            # threads): make it this replica's pool, one thread per request it may hold, so an admitted
+            # request never queues behind others (a slow fetch would hold a thread of a small pool)
+            asyncio.get_running_loop().set_default_executor(self._request_threads)
+            self._threads_installed = True
+        if req_endpoint in (READY_ENDPOINT, INFO_ENDPOINT):
+            return await super().__acall__(req_endpoint, **kwargs)
+        docs = kwargs.get('docs')
+        count = count_documents(docs) if docs is not None else 0
+        try:
+            self.admission.enter(count)
+        except OverloadedError as error:
+            self.metrics.refused(self.backend.model_name, error.limit)
+            raise
+        try:
+            return await super().__acall__(req_endpoint, **kwargs)
+        except Exception as error:
+            self.metrics.error(self.backend.model_name, error)
+            raise
+        finally:
+            self.admission.leave(count)
+
+    def _deadline(self, parameters: dict | None) -> float:
+        timeout = (parameters or {}).get('timeout_seconds')
+        if timeout is not None:
+            timeout = check_number('timeout_seconds', timeout)
+        return deadline_after(timeout, self.settings.max_request_seconds)
+
+    @requests(on=INFO_ENDPOINT)
+    def info(self, **kwargs):
+        """What this replica serves, for operators and tests (read with `return_responses=True`)."""
+        b = self.backend
+        return {
+            'model': b.model_name,
+            'configured_name': self._configured_name,  # the gateway's /v1/models lists both names
+            'serve_default': self.serve_default,  # which model answers /encode without a model name
+            'backend': b.name,
+            'device': b.device,
+            'dtype': b.dtype,
+            'precision': b.precision.as_dict(),
+            'embed_dim': b.embed_dim,
+            'multi_vector': b.multi_vector,  # late interaction: [tokens, dim] per document (multi_vector.py)
+            'image_size': b.image_size,
+            'trims_padding': b.trims_padding,
+            'model_calls': b.model_calls,
+            'images_encoded': b.images_encoded,
+            'texts_encoded': b.texts_encoded,
+            'torch_imported': 'torch' in sys.modules,
+            'triton_imported': sys.modules.get('triton') is not None,
+            'pid': os.getpid(),
+            'batch_requests': self.pipeline.batches_requests,
+            'requests_in_flight': self.admission.requests,
+            'documents_in_flight': self.admission.documents,
+            'refused': self.admission.refused,
+            'threads': self.threads,
+            'limits': {'max_requests': self.settings.max_requests, 'max_documents': self.settings.max_documents},
+            'load_seconds': round(self.load_seconds, 3),
+            'warmup_seconds': round(self.warmup_seconds, 3),
+            'draining': self._draining,
+        }
+
+    def shard_state(self) -> tuple[int, int, bool]:
+        """(shard id, shards, draining): what a readiness probe needs. This copy has loaded and warmed up (it
+        answers), whether it is draining, and which shard it is; each flavour answers READY_ENDPOINT with
+        one document per shard, so a head polling ALL shards merges them (Jina keys returned parameters
+        by executor name, which the shards share)."""
+        return (
+            int(getattr(self.runtime_args, 'shard_id', 0) or 0),
+            int(getattr(self.runtime_args, 'shards', 1) or 1),
+            self._draining,
+        )
+
+    # ---- what each DocArray flavour's executors define (executors.py: v1, executors_v2.py: v2) ---------
+
+    def warm_up_documents(self):
+        """One text and one image of this flavour, encoded once at start."""
+        raise NotImplementedError
+
+    def encode_documents(self, docs, drop_images: bool, skip=None, count_tokens=False, deadline=None) -> None:
+        """Embed `docs` (this flavour's) in place (encoding.DocumentEncoder)."""
+        raise NotImplementedError

@@ -1,0 +1,20 @@
+"""The documents of the requests the gateway makes itself (the OpenAI-compatible routes, openai_gateway.py), in
+the installed DocArray flavour (flavour.py): documents.py's for v1, documents_v2.py's for v2.
+
+- `request_document(doc_id, text=, uri=, blob=, matches=)`: a text, an image by URI (fetched by the encoder under
+  the operator's URI policy) or an image's bytes; with `matches`, a /rank query over those documents;
+- `request_documents(docs)`: the list a request carries;
+- `match_scores(match)`: a ranked match's scores by name (clip_score, clip_score_cosine, siglip_score).
+Answers are read by attribute, the same in both flavours: `id`, `text`, `embedding`, `tags`, `matches`.
+"""
+
+from __future__ import annotations
+
+from clipserve.serving.flavour import installed
+
+if installed() == 'v2':
+    from clipserve.serving.documents_v2 import match_scores, request_document, request_documents
+else:
+    from clipserve.serving.documents import match_scores, request_document, request_documents
+
+__all__ = ['match_scores', 'request_document', 'request_documents']
