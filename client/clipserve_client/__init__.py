@@ -1,24 +1,49 @@
-"""clipserve_client: a light client for clipserve (and clip-as-service) Flows.
+"""clipserve_client: a light client of clipserve's OpenAI-compatible HTTP routes (httpx and numpy only).
 
     from clipserve_client import Client
-    Client('grpc://127.0.0.1:51000').encode(['a photo of a dog', 'dog.jpg'])
+    with Client('http://127.0.0.1:51001') as client:
+        vectors = client.encode(['a photo of a dog', Path('dog.jpg')])   # float32 [2, D], L2-normalised
+        scores = client.rank('a dog', [Path('dog.jpg'), Path('car.jpg')])
 
-Depends on jina and docarray (v1) only: no torch, no server code.
+`AsyncClient` has the same calls, awaitable. No jina, docarray, grpc, pydantic or torch: it installs next to
+FastAPI, LangChain or any pydantic-2 application. The Jina-protocol client (gRPC, WebSocket, DocumentArray
+in and out) is `clipserve_client.jina`, from `pip install 'clipserve-client[jina]'`.
 """
 
+from clipserve_client._version import __version__
+from clipserve_client.async_client import AsyncClient
 from clipserve_client.client import Client
-from clipserve_client.errors import FetchError, ServerError
+from clipserve_client.errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ClipServeClientError,
+    FetchError,
+    InternalServerError,
+    NotFoundError,
+    RateLimitError,
+    RequestTooLargeError,
+    UnexpectedAnswerError,
+)
+from clipserve_client.wire import Model
 
-__all__ = ['Client', 'FetchError', 'ServerError', '__version__']
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version('clipserve')
-    except PackageNotFoundError:
-        return 'unknown'
-
-
-__version__ = _version()
+__all__ = [
+    'APIConnectionError',
+    'APIStatusError',
+    'APITimeoutError',
+    'AsyncClient',
+    'AuthenticationError',
+    'BadRequestError',
+    'Client',
+    'ClipServeClientError',
+    'FetchError',
+    'InternalServerError',
+    'Model',
+    'NotFoundError',
+    'RateLimitError',
+    'RequestTooLargeError',
+    'UnexpectedAnswerError',
+    '__version__',
+]

@@ -1,4 +1,7 @@
-"""Read the bytes of an image the client was given by reference: an http(s) URL, a data: URI, a file."""
+"""Read the bytes of an image the client was given by reference: an http(s) URL, a data: URI, a file.
+
+Shared by both clients. urllib is enough for one GET with a deadline and a size cap (no pool to keep).
+"""
 
 from __future__ import annotations
 
@@ -59,12 +62,12 @@ def read_data_uri(uri: str, *, max_bytes: int) -> bytes:
     return data
 
 
-def read_file(path: str | Path) -> bytes:
+def read_file(path: str | Path, text_hint: str | None = 'Document(text={})') -> bytes:
+    """The file's bytes. `text_hint`: how the caller would send this string as a text instead ({} is the string)."""
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
-        raise FetchError(
-            f'{str(path)!r}: no such file. To encode this string as text, pass Document(text={str(path)!r})'
-        ) from None
+        hint = f'. To encode this string as text, pass {text_hint.format(repr(str(path)))}' if text_hint else ''
+        raise FetchError(f'{str(path)!r}: no such file{hint}') from None
     except OSError as err:
         raise FetchError(f'{str(path)!r}: {err.strerror or err}') from None

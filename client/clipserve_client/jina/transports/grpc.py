@@ -13,8 +13,8 @@ import grpc
 from jina.excepts import BadServerFlow
 from jina.proto import jina_pb2_grpc
 
-from clipserve_client.address import Address
-from clipserve_client.errors import RetryableError
+from clipserve_client.jina.address import Address
+from clipserve_client.jina.errors import RetryableError
 
 _TLS_FAILURE_HINTS = ('handshake', 'certificate', 'ssl')
 _OPTIONS = [
@@ -76,6 +76,9 @@ class GrpcTransport:
 
     def _translate(self, err) -> Exception:
         details = err.details() or ''
+        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # the gateway's bound on requests held at once
+            trailers = dict(err.trailing_metadata() or ())
+            return RetryableError(f'{self._address} is overloaded: {details}', _seconds(trailers.get('retry-after')))
         if err.code() == grpc.StatusCode.UNAVAILABLE:
             if any(hint in details.lower() for hint in _TLS_FAILURE_HINTS):
                 return ConnectionError(
@@ -84,3 +87,10 @@ class GrpcTransport:
                 )
             return RetryableError(f'{self._address} is unavailable: {details}')
         return BadServerFlow(f'{self._address} answered with gRPC error {err.code().name}: {details}')
+
+
+def _seconds(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

@@ -12,8 +12,8 @@ import aiohttp
 from jina.excepts import BadServerFlow
 from jina.types.request.data import DataRequest
 
-from clipserve_client.address import Address
-from clipserve_client.errors import RetryableError
+from clipserve_client.jina.address import Address
+from clipserve_client.jina.errors import RetryableError
 
 
 class _Connection:

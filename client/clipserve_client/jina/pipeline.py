@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 from docarray import DocumentArray
 from jina.types.request.data import DataRequest
 
-from clipserve_client.inputs import Loader, needs_fetch
-from clipserve_client.methods import Item, Method
-from clipserve_client.retry import RetryPolicy, send_with_retry
+from clipserve_client.jina.inputs import Loader, needs_fetch
+from clipserve_client.jina.methods import Item, Method
+from clipserve_client.jina.retry import RetryPolicy, send_with_retry
 
 _FETCH_THREADS = 8
 

@@ -7,19 +7,19 @@ raises a final error. Transports are not shared between event loops or threads.
 
 from __future__ import annotations
 
-from clipserve_client.address import Address
+from clipserve_client.jina.address import Address
 
 
 def open_transport(address: Address, *, credentials, ssl_context, token: str | None):
     """The transport for `address.protocol`, not yet entered."""
     if address.protocol == 'grpc':
-        from clipserve_client.transports.grpc import GrpcTransport
+        from clipserve_client.jina.transports.grpc import GrpcTransport
 
         return GrpcTransport(address, credentials, token)
     if address.protocol == 'http':
-        from clipserve_client.transports.http import HttpTransport
+        from clipserve_client.jina.transports.http import HttpTransport
 
         return HttpTransport(address, ssl_context, token)
-    from clipserve_client.transports.websocket import WebSocketTransport
+    from clipserve_client.jina.transports.websocket import WebSocketTransport
 
     return WebSocketTransport(address, ssl_context, token)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from docarray import Document, DocumentArray
 
-from clipserve_client.inputs import Loader, to_content_document
+from clipserve_client.jina.inputs import Loader, to_content_document
 
 
 @dataclass
@@ -49,6 +49,9 @@ class Results:
             return None
         if self.as_documents:
             return DocumentArray(self._documents)
+        if self._embeddings and np.ndim(self._embeddings[0]) == 2:
+            # a late-interaction model's (parameters={'multi_vector': True}): [tokens, dim] per input, tokens differ
+            return list(self._embeddings)
         return np.stack(self._embeddings) if self._embeddings else []
 
 

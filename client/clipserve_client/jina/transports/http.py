@@ -14,10 +14,10 @@ from docarray import DocumentArray
 from jina.excepts import BadServerFlow
 from jina.types.request.data import DataRequest
 
-from clipserve_client.address import Address
-from clipserve_client.errors import RetryableError
+from clipserve_client.jina.address import Address
+from clipserve_client.jina.errors import RetryableError
 
-_TRANSIENT_STATUS = (502, 503, 504)
+_TRANSIENT_STATUS = (429, 502, 503, 504)  # 429: the gateway is overloaded (Retry-After says how long)
 
 
 class HttpTransport:
@@ -46,7 +46,7 @@ class HttpTransport:
         }
         try:
             async with self._session.post(self._url, json=body) as reply:
-                status, text = reply.status, await reply.text()
+                status, text, retry_after = reply.status, await reply.text(), reply.headers.get('Retry-After')
         except aiohttp.ClientSSLError as err:
             raise ConnectionError(
                 f'TLS with {self._address} failed: {err}. If the server uses a private '
@@ -54,17 +54,20 @@ class HttpTransport:
             ) from err
         except aiohttp.ClientConnectionError as err:
             raise RetryableError(f'{self._address} is unavailable: {err}') from err
+        try:
+            answer = json.loads(text) if status in (200, 429) else None
+        except ValueError:
+            answer = None
+        if status == 429 and isinstance(answer, dict) and 'header' in answer:
+            return _to_request(answer)  # a replica's refusal in Jina's answer: retried on what its header says
         if status in _TRANSIENT_STATUS:
-            raise RetryableError(f'{self._url} answered HTTP {status}: {text[:300]}')
+            seconds = float(retry_after) if retry_after and retry_after.isdigit() else None
+            raise RetryableError(f'{self._url} answered HTTP {status}: {text[:300]}', seconds)
         if status == 404:
             raise BadServerFlow(
                 f'{self._url} does not exist: is {self._address} a Jina HTTP gateway in '
                 'docarray-v1 mode (what clipserve serves)?'
             )
-        try:
-            answer = json.loads(text) if status == 200 else None
-        except ValueError:
-            answer = None
         if not isinstance(answer, dict):
             raise BadServerFlow(f'{self._url} answered HTTP {status}: {text[:500]}')
         return _to_request(answer)

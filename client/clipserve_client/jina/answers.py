@@ -7,9 +7,9 @@ from typing import Callable, Optional
 from jina.proto import jina_pb2
 from jina.types.request.data import DataRequest
 
-from clipserve_client.errors import ServerError
-from clipserve_client.methods import Method, Results
-from clipserve_client.progress import ProgressBar
+from clipserve_client.jina.errors import ServerError
+from clipserve_client.jina.methods import Method, Results
+from clipserve_client.jina.progress import ProgressBar
 
 Callback = Optional[Callable[[DataRequest], None]]
 
