@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # clipserve container image. One Dockerfile, four variants, picked with a build argument:
 #
 #   docker build -t clipserve:cpu-torch .                                  # default: PyTorch, CPU only
@@ -14,9 +13,13 @@
 # --build-arg EXECUTOR=CLIPRanker), which is what `jina export kubernetes/docker-compose` containers
 # run as `jina executor --uses config.yml`.
 #
-# No Docker engine runs on clipserve's build machine: CI lints this file with hadolint
-# (tests/integration/test_deploy.py) but does not build it. The install line is the one CI runs,
-# `pip install -c constraints.txt .[EXTRAS]`, with the same constraints file.
+# No registry needed: PYTHON_IMAGE may be any local image with Python 3.10+ and its venv module, e.g.
+# one made with deploy/make-base-image.sh (debootstrap; docs/containers.md). There is no `# syntax=`
+# line on purpose: BuildKit would pull that frontend image from Docker Hub before building.
+# CI builds cpu-onnx and cpu-openvino (Python 3.11, Debian bookworm) and cpu-onnx on Python 3.13
+# (Debian trixie) and serves them (tests/containers/). The install is the one CI runs,
+# `pip install -c constraints.txt .[EXTRAS]`, with the same constraints file, split into layers:
+# the base dependencies (shared by every variant), the variant's, then the code.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG VARIANT=cpu-torch
@@ -34,7 +37,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     JINA_RANDOM_PORT_MIN=61000
 
 # ---- builder: a virtual environment with clipserve and one backend -----------------------------
+# Dependencies before code: the layers up to the COPY of executors/clipserve depend only on
+# pyproject.toml and constraints.txt (and the build arguments), so editing the code rebuilds only the
+# last layer, and every variant built on one PYTHON_IMAGE shares the first install layer.
 FROM base AS builder
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml constraints.txt ./
+COPY deploy/requirements.py ./deploy/
+# 1. The base dependencies (jina, docarray, grpc, numpy, ...): the same for every variant.
+RUN /opt/venv/bin/python deploy/requirements.py > /tmp/base.txt \
+    && /opt/venv/bin/pip install -c constraints.txt -r /tmp/base.txt \
+    && rm /tmp/base.txt
 ARG VARIANT
 # The tensorrt extra (NVIDIA's TensorRT wheels, several GB) goes into the cuda image only when asked
 # for with --build-arg WITH_TENSORRT=true.
@@ -45,12 +59,10 @@ ARG WITH_TENSORRT=false
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 # More extras for the torch variants, comma separated: hf-text, multilingual (M-CLIP), cn-clip (CN-CLIP).
 ARG MORE_EXTRAS=""
-
-RUN python -m venv /opt/venv
-WORKDIR /src
-# Only what the package build needs (pyproject.toml names README.md as the long description).
-COPY pyproject.toml constraints.txt README.md ./
-COPY executors/clipserve ./executors/clipserve
+# 2. The variant's extras. This script is the whole install recipe: where the code is already present
+#    (tests/integration/test_deploy.py runs it outside Docker) it installs clipserve with its extras,
+#    `pip install -c constraints.txt ".[EXTRAS]"` as CI does. Here the code is not copied yet, so it
+#    installs the extras' dependencies only, and step 3 adds the package.
 # $index is deliberately unquoted: it is either empty or two words ("--extra-index-url URL").
 # hadolint ignore=SC2086
 RUN set -eu; \
@@ -63,11 +75,23 @@ RUN set -eu; \
       *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx, cpu-openvino or cuda)" >&2; exit 1 ;; \
     esac; \
     if [ -n "${MORE_EXTRAS:-}" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
-    /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
+    if [ -d executors/clipserve ]; then \
+      /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
+    else \
+      /opt/venv/bin/python deploy/requirements.py "$extras" > /tmp/variant.txt; \
+      /opt/venv/bin/pip install $index -c constraints.txt -r /tmp/variant.txt; \
+      rm /tmp/variant.txt; \
+    fi; \
     if [ "$VARIANT" != "cpu-torch" ] && [ "$VARIANT" != "cuda" ] && /opt/venv/bin/python -c "import torch" 2>/dev/null; then \
       echo "$VARIANT must not contain torch" >&2; exit 1; \
-    fi; \
-    /opt/venv/bin/python -c "import clipserve; print('clipserve', clipserve.__version__)"
+    fi
+# 3. The code: the package alone (its dependencies are in place; pip check proves they fit it). Built with the
+#    venv's own setuptools (a base dependency, within pyproject.toml's build requirement): nothing to download.
+COPY README.md ./
+COPY executors/clipserve ./executors/clipserve
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation -c constraints.txt . \
+    && /opt/venv/bin/pip check \
+    && /opt/venv/bin/python -c "import clipserve; print('clipserve', clipserve.__version__)"
 
 # ---- runtime: the venv, the Flow files, a non-root user, nothing else ---------------------------
 FROM base AS runtime
@@ -132,3 +156,15 @@ ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/
 # hadolint cannot see that variant-${VARIANT} names one of the stages above, not an untagged image.
 # hadolint ignore=DL3006
 FROM variant-${VARIANT} AS final
+# OCI labels, last, so that a new commit changes the metadata only, no layer. VERSION is pyproject.toml's
+# (tests/containers checks that they agree); CI passes SOURCE (the repository's URL) and REVISION (the
+# commit) as build arguments.
+ARG VERSION=0.1.0
+ARG SOURCE=""
+ARG REVISION=""
+LABEL org.opencontainers.image.title="clipserve" \
+      org.opencontainers.image.description="CLIP embeddings and ranking as Jina executors, a drop-in successor to clip-as-service" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"
