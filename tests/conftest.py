@@ -34,6 +34,12 @@ os.environ.setdefault('JINA_RANDOM_PORT_MIN', str(FIRST_FREE_PORT))  # Jina's po
 os.environ.setdefault('CLIPSERVE_CPU_BF16', '0')
 
 TINY = 'clipserve-tiny::random'
+TINY_EXPORT_ENV = 'CLIPSERVE_TEST_TINY_EXPORT'  # an ONNX export of TINY made beforehand (the emulated-CPU run)
+
+# A Flow YAML's `py_modules: [clipserve]` finds CLIPEncoder only if the package defined it with Jina already
+# imported (clipserve/__init__.py); tests import clipserve's modules first, so Jina is imported before them.
+if not os.environ.get(TINY_EXPORT_ENV):  # the emulated-CPU run starts no Flow
+    import jina  # noqa: E402, F401
 
 
 @pytest.fixture(scope='session')
@@ -41,6 +47,21 @@ def tiny_backend():
     from clipserve.backends import BackendOptions, create_backend
 
     return create_backend('torch', TINY, BackendOptions(device='cpu'))
+
+
+@pytest.fixture(scope='session')
+def tiny_onnx_export(tmp_path_factory):
+    """The tiny model's ONNX export, made once per session; the emulated-CPU run is handed one made natively
+    (exporting runs torch, which needs no emulation and takes minutes under it)."""
+    from pathlib import Path
+
+    if os.environ.get(TINY_EXPORT_ENV):
+        return Path(os.environ[TINY_EXPORT_ENV])
+    from clipserve.backends.onnx.export import export_onnx
+
+    out = tmp_path_factory.mktemp('tiny-onnx')
+    export_onnx(TINY, out)
+    return out
 
 
 @pytest.fixture(scope='session')
@@ -114,10 +135,28 @@ def family_export(family_folder, tmp_path_factory):
 
     def get(family):
         if family not in built:
-            from clipserve.backends.onnx_export import export_onnx
+            from clipserve.backends.onnx.export import export_onnx
 
             out = tmp_path_factory.mktemp('family-exports') / family
             built[family] = out, export_onnx(f'local-dir:{family_folder(family)}', out)
         return built[family]
 
     return get
+
+
+def pytest_report_header(config):
+    from clipserve.backends.cpu_features import cpu_features
+
+    return f'clipserve CPU: {cpu_features().describe()}'
+
+
+def pytest_collection_modifyitems(config, items):
+    """`needs_cpu(*flags)`: skipped, with the reason shown in the summary, where the CPU lacks a flag."""
+    from clipserve.backends.cpu_features import cpu_features
+
+    features = cpu_features()
+    for item in items:
+        for marker in item.iter_markers('needs_cpu'):
+            missing = [flag for flag in marker.args if flag not in features.flags]
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f'needs {", ".join(missing)}; this CPU: {features.describe()}'))

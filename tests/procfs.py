@@ -63,3 +63,30 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+
+
+def status_mib(pid: int, field: str = 'VmRSS') -> float:
+    """A memory figure of /proc/<pid>/status (VmRSS: resident now; VmHWM: the peak since start or since
+    `reset_peak`), in MiB."""
+    for line in Path(f'/proc/{pid}/status').read_text().splitlines():
+        if line.startswith(field + ':'):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def reset_peak(pid: int) -> float:
+    """Make VmHWM start again from the resident size now (Linux >= 4.0); returns that size in MiB."""
+    Path(f'/proc/{pid}/clear_refs').write_text('5')
+    return status_mib(pid, 'VmRSS')
+
+
+def pid_listening_on(port: int, within: int | None = None) -> int:
+    """The process among `within`'s descendants (default: this process's) that listens on TCP `port`."""
+    pids = descendants(os.getpid() if within is None else within)
+    found = {pid for _, listened, pid in listening(pids) if listened == port}
+    if len(found) != 1:
+        raise LookupError(f'{len(found)} processes listen on port {port}: {sorted(found)}')
+    return found.pop()

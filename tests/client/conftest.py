@@ -1,13 +1,20 @@
-"""Real Flows for the client tests: flows/multi-protocol.yml and flows/tls.yml with the tiny model."""
+"""Real Flows for both clients' tests (the light one: test_light_*, the Jina-protocol one: test_jina_*):
+flows/multi-protocol.yml and flows/tls.yml with the tiny model, and an image server."""
 
 import http.server
+import importlib.util
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from tests.integration.conftest import TINY, flow_from_yaml, free_port, make_image, set_port
+from tests.integration.conftest import ROOT, TINY, flow_from_yaml, free_port, make_image, set_port
+
+if importlib.util.find_spec('clipserve_client') is None:
+    # a checkout installed with the server's command only: the client (its own distribution, client/) from the tree
+    sys.path.insert(0, str(ROOT / 'client'))
 
 PROTOCOLS = ['grpc', 'http', 'websocket']
 SCHEMES = {'grpc': 'grpc', 'http': 'http', 'websocket': 'ws'}

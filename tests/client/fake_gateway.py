@@ -2,20 +2,36 @@
 
 Real Flows ignore credentials and answer quickly; this one shows the headers and metadata the client
 sent, can answer slowly, can fail its first requests the way a gateway that is warming up does
-(UNAVAILABLE, HTTP 503, a dropped WebSocket), and can be started late (a server that is not up yet).
+(UNAVAILABLE, HTTP 503, a dropped WebSocket), can refuse its first requests the way a full replica does
+(clipserve's OverloadedError in the answer's header; over HTTP with 429 and Retry-After, as clipserve's
+gateway answers it), and can be started late (a server that is not up yet).
 Every document gets the embedding [len(text), 0, 0, 0].
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 
 import grpc
 import numpy as np
 from aiohttp import WSMsgType, web
-from jina.proto import jina_pb2_grpc
+from jina.proto import jina_pb2, jina_pb2_grpc
 from jina.types.request.data import DataRequest
+
+LIMIT = 'overloaded: 1 requests in flight on this replica, its limit (max_requests=1); retry after 0.3s'
+
+
+def _overloaded(request: DataRequest) -> DataRequest:
+    """A replica's refusal as Jina relays an executor's exception: the class name and its arguments."""
+    request.header.status.code = jina_pb2.StatusProto.ERROR
+    request.header.status.description = f'OverloadedError({LIMIT!r})'
+    request.header.status.exception.name = 'OverloadedError'
+    request.header.status.exception.args.extend([LIMIT, json.dumps({'limit': 'max_requests', 'retry_after': 0.3})])
+    request.header.status.exception.executor = 'CLIPEncoder'
+    return request
 
 
 def _answer(request: DataRequest) -> DataRequest:
@@ -27,9 +43,11 @@ def _answer(request: DataRequest) -> DataRequest:
 
 
 class FakeGateway:
-    def __init__(self, protocol: str, port: int, delay: float = 0.0, fail_first: int = 0):
+    def __init__(self, protocol: str, port: int, delay: float = 0.0, fail_first: int = 0, overload_first: int = 0):
         self.protocol, self.port, self.delay = protocol, port, delay
         self.failures_left = fail_first
+        self.overloads_left = overload_first
+        self.arrivals: list[float] = []
         self.authorizations: list[str | None] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -52,6 +70,13 @@ class FakeGateway:
     def __exit__(self, *exc_info):
         self.stop()
 
+    def _respond(self, request: DataRequest) -> DataRequest:
+        self.arrivals.append(time.monotonic())
+        if self.overloads_left > 0:
+            self.overloads_left -= 1
+            return _overloaded(request)
+        return _answer(request)
+
     def _fail(self) -> bool:
         if self.failures_left > 0:
             self.failures_left -= 1
@@ -67,7 +92,7 @@ class FakeGateway:
                 if gateway._fail():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, 'warming up')
                 await asyncio.sleep(gateway.delay)
-                return _answer(request)
+                return gateway._respond(request)
 
         server = grpc.aio.server()
         jina_pb2_grpc.add_JinaSingleDataRequestRPCServicer_to_server(Servicer(), server)
@@ -87,8 +112,12 @@ class FakeGateway:
             from docarray import DocumentArray
 
             query.data.docs = DocumentArray.from_dict(body['data'])
-            answer = _answer(query).to_dict()
-            return web.json_response(answer)
+            answer = self._respond(query)
+            if answer.header.status.exception.name == 'OverloadedError':
+                return web.json_response(
+                    answer.to_dict(), status=429, headers={'Retry-After': '1'}
+                )  # ceil, as the gateway
+            return web.json_response(answer.to_dict())
 
         async def websocket(request: web.Request):
             self.authorizations.append(request.headers.get('Authorization'))
@@ -100,7 +129,7 @@ class FakeGateway:
                         await socket.close(code=1011, message=b'warming up')
                         break
                     await asyncio.sleep(self.delay)
-                    await socket.send_bytes(_answer(DataRequest(message.data)).SerializeToString())
+                    await socket.send_bytes(self._respond(DataRequest(message.data)).SerializeToString())
             return socket
 
         app = web.Application()

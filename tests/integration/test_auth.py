@@ -13,9 +13,14 @@ from google.protobuf.empty_pb2 import Empty
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jina.proto import jina_pb2, jina_pb2_grpc
 
-from clipserve_client import Client
+try:  # the Jina-protocol client (gRPC, HTTP, WebSocket), an extra of clipserve_client since its split
+    from clipserve_client.jina import Client
+except ImportError:
+    from clipserve_client import Client
 
+from ..procfs import pid_listening_on, reset_peak, status_mib
 from .conftest import TINY, flow_from_yaml, free_port, set_port
+from .rawgrpc import declared_call
 
 TOKEN = 's3cret-token'
 
@@ -58,6 +63,36 @@ def test_a_refused_streaming_client_always_sees_unauthenticated(auth_flow):
         except Exception as error:
             outcomes.append('UNAUTHENTICATED' if 'UNAUTHENTICATED' in str(error) else str(error)[:200])
     assert outcomes == ['UNAUTHENTICATED'] * 20, outcomes
+
+
+MiB = 1024 * 1024
+
+
+def test_a_512_mib_grpc_message_without_the_token_is_refused_at_once_and_never_buffered(auth_flow):
+    """A call without the token is refused from its metadata, none of its message read: gRPC (1.68) buffers a
+    whole message before it checks its size against max_request_bytes (grpc/grpc#43012), so reading it to
+    refuse it would hold all of it. Measured on the gateway's own process, its peak resident memory during
+    the call (VmHWM, reset just before); the time with a client that does not build the message first."""
+    port = auth_flow['grpc']
+    gateway = pid_listening_on(port)
+    before = reset_peak(gateway)
+    refused = declared_call(port, '/jina.JinaRPC/Call', 512 * MiB)
+    grown = status_mib(gateway, 'VmHWM') - before
+    print(
+        f'512 MiB gRPC message without the token: ended by {refused.ended_by} after {refused.seconds:.2f} s, '
+        f'{refused.sent / MiB:.1f} MiB taken, gateway grew {grown:.0f} MiB'
+    )
+    assert refused.ended_by in ('trailers', 'reset') and refused.seconds < 1, refused
+    assert refused.sent < 64 * MiB and grown < 64, (refused, grown)
+    # the same through a gRPC library (clip-client's method; the bytes sent as they are): the status it sees
+    payload = bytes(512 * MiB)
+    with grpc.insecure_channel(f'127.0.0.1:{port}', options=[('grpc.max_send_message_length', -1)]) as channel:
+        before = reset_peak(gateway)
+        with pytest.raises(grpc.RpcError) as error:
+            list(channel.stream_stream('/jina.JinaRPC/Call')(iter([payload]), timeout=120))
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert status_mib(gateway, 'VmHWM') - before < 64
+    assert ClipClient(f'grpc://127.0.0.1:{port}', credential={'Authorization': TOKEN}).encode(['hi']).shape == (1, 64)
 
 
 def test_http_needs_the_token(auth_flow):

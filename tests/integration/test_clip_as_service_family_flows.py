@@ -67,7 +67,7 @@ def _cnclip(tmp, cache):
 
 @pytest.fixture(scope='module', params=['M-CLIP', 'CN-CLIP'])
 def served(request, tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     tmp = tmp_path_factory.mktemp(request.param)
     cache = tmp / 'cache'

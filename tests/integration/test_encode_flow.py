@@ -9,6 +9,7 @@ from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 from PIL import Image
 
+from ..compare import assert_close
 from .conftest import data_uri, make_image
 
 PROTOCOLS = ['grpc', 'websocket']
@@ -64,8 +65,8 @@ def test_same_image_as_blob_tensor_and_data_uri_gives_same_embedding(tiny_flow, 
     tensor = np.asarray(Image.open(__import__('io').BytesIO(png)))
     docs = DocumentArray([Document(blob=png), Document(tensor=tensor), Document(uri=data_uri(png))])
     out = clip_client(tiny_flow, protocol).encode(docs)
-    np.testing.assert_allclose(out[0].embedding, out[1].embedding, atol=1e-6)
-    np.testing.assert_allclose(out[0].embedding, out[2].embedding, atol=1e-6)
+    assert_close(out[0].embedding, out[1].embedding, rel=1e-6)
+    assert_close(out[0].embedding, out[2].embedding, rel=1e-6)
 
 
 def test_text_and_image_strings_from_clip_client(tiny_flow, tmp_path):
@@ -87,7 +88,7 @@ def test_text_wins_over_image_and_content_is_kept(tiny_flow):
     png = make_image()
     docs = DocumentArray([Document(text='hello', uri=data_uri(png)), Document(text='hello')])
     out = jina_client(tiny_flow).post('/', docs)
-    np.testing.assert_allclose(out[0].embedding, out[1].embedding, atol=1e-6)
+    assert_close(out[0].embedding, out[1].embedding, rel=1e-6)
     assert out[0].uri == data_uri(png)
 
 
@@ -124,7 +125,7 @@ def test_large_request_order_kept(tiny_flow):
     texts = [f'caption number {i}' for i in range(50)]
     one_by_one = np.stack([clip_client(tiny_flow, 'grpc').encode([t])[0] for t in texts[:5]])
     together = clip_client(tiny_flow, 'grpc').encode(texts, batch_size=50)
-    np.testing.assert_allclose(together[:5], one_by_one, atol=1e-5)
+    assert_close(together[:5], one_by_one, rel=1e-5)
 
 
 def test_model_name_of_another_model_is_an_error(tiny_flow):
@@ -157,5 +158,5 @@ def test_concurrent_single_document_requests_share_forward_passes(tiny_flow):
     docs = DocumentArray([Document(id=str(i), text=t) for i, t in enumerate(texts)])
     out = jina_client(tiny_flow).post('/', docs, request_size=1, results_in_order=True)
     assert [d.id for d in out] == [str(i) for i in range(48)]
-    np.testing.assert_allclose(out.embeddings, expected, atol=1e-5)  # each request got its own rows
+    assert_close(out.embeddings, expected, rel=1e-5)  # each request got its own rows
     assert calls() - before < len(texts)  # fewer forward passes than requests: they were merged

@@ -13,7 +13,7 @@ MODEL = 'ViT-B-32::random'
 
 @pytest.fixture(scope='module')
 def servers(tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     exported = tmp_path_factory.mktemp('vit-b-32-onnx')
     export_onnx(MODEL, exported)

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover (skipped outside CI, a failure in it)
 
 TOKEN = 'openai-route-token'
 MAX_IMAGE_BYTES = 60_000  # the encoder's max_image_bytes, small so the cap is cheap to hit
-MAX_REQUEST_BYTES = 1_000_000  # the gateway's max_request_bytes
+MAX_BODY_BYTES = 1_000_000  # the gateway's max_body_bytes
 TEXTS = ['a photo of a dog', 'a diagram of a CLIP model', 'über straße 東京']
 IMAGES = [make_image(64, 48, seed=1), make_image(40, 90, seed=2, fmt='JPEG')]
 
@@ -46,7 +46,7 @@ def served(tmp_path_factory, certificate):
     def edit(config):
         set_port(config, ports)
         config['gateway'].update(ssl_certfile=str(cert), ssl_keyfile=str(key))
-        config['gateway']['uses_with']['max_request_bytes'] = MAX_REQUEST_BYTES
+        config['gateway']['uses_with']['max_body_bytes'] = MAX_BODY_BYTES
         config['with'] = {'monitoring': True, 'port_monitoring': gateway_metrics}
         executor = config['executors'][0]
         executor.update(monitoring=True, port_monitoring=executor_metrics)
@@ -248,15 +248,15 @@ def test_an_unknown_model_is_a_404_listing_the_served_ones(served):
 
 def test_the_size_caps_are_413s(served):
     big = make_image(200, 200, seed=3)  # noisy PNG, over MAX_IMAGE_BYTES, under the request cap
-    assert MAX_IMAGE_BYTES < len(big) < MAX_REQUEST_BYTES // 2
+    assert MAX_IMAGE_BYTES < len(big) < MAX_BODY_BYTES // 2
     err = error_of(
         lambda: client(served).embeddings.create(model=TINY, input=['a', data_uri(big)]), openai.APIStatusError
     )
     assert err.status_code == 413 and err.body['param'] == 'input[1]' and str(MAX_IMAGE_BYTES) in err.body['message']
     err = error_of(
-        lambda: client(served).embeddings.create(model=TINY, input=['x' * MAX_REQUEST_BYTES]), openai.APIStatusError
+        lambda: client(served).embeddings.create(model=TINY, input=['x' * MAX_BODY_BYTES]), openai.APIStatusError
     )
-    assert err.status_code == 413 and 'max_request_bytes' in err.body['message']
+    assert err.status_code == 413 and 'max_body_bytes' in err.body['message']
     assert client(served).embeddings.create(model=TINY, input='still serving').data
 
 

@@ -9,7 +9,7 @@ import pytest
 if not os.environ.get('CI'):  # CI installs the test extra, which has openvino: there a missing one fails
     # (through clipserve's module, which imports OpenVINO without its telemetry)
     pytest.importorskip(
-        'clipserve.backends.openvino_runtime', reason='openvino is not installed (pip install -e ".[openvino]")'
+        'clipserve.backends.openvino.runtime', reason='openvino is not installed (pip install -e ".[openvino]")'
     )
 
 from clip_client import Client
@@ -24,7 +24,7 @@ MODEL = TINY
 
 @pytest.fixture(scope='module')
 def servers(tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     exported = tmp_path_factory.mktemp('tiny-onnx')
     export_onnx(MODEL, exported)

@@ -5,12 +5,12 @@ aspect ratios in one request); /rank's scores, with siglip_score for the sigmoid
 
 import io
 
-import numpy as np
 import pytest
 from clip_client import Client
 from PIL import Image
 
-from ..model_folders import TRANSFORMERS_TYPES, transformers_checkpoint
+from ..compare import assert_close
+from ..transformers_folders import TRANSFORMERS_TYPES, transformers_checkpoint
 from .conftest import make_image
 from .served_pair import assert_encodings_match, assert_rank_matches, clip_scores, torch_and_onnx_flows
 
@@ -30,7 +30,7 @@ SIGMOID = ('siglip', 'siglip2')
 
 @pytest.fixture(scope='module', params=TRANSFORMERS_TYPES)
 def served(request, tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     tmp = tmp_path_factory.mktemp(request.param)
     folder = transformers_checkpoint(tmp / request.param, request.param)
@@ -88,7 +88,7 @@ def test_remote_code_serves_through_a_flow_only_with_the_executor_opt_in(tmp_pat
     from clipserve.backends import BackendOptions, create_backend
     from clipserve.errors import UnknownModelError
 
-    from ..model_folders import remote_code_checkpoint
+    from ..transformers_folders import remote_code_checkpoint
 
     name = f'transformers:{remote_code_checkpoint(tmp_path / "remote")}'
     with pytest.raises(UnknownModelError, match='trust_remote_code: true'):
@@ -100,4 +100,5 @@ def test_remote_code_serves_through_a_flow_only_with_the_executor_opt_in(tmp_pat
     flow = Flow().add(uses=CLIPEncoder, uses_with={'name': name, 'trust_remote_code': True, 'truncate_dim': 16})
     with flow:
         got = Client(f'grpc://127.0.0.1:{flow.port}').encode(texts)
-    assert got.shape == (2, 16) and np.abs(got - want).max() <= 1e-6
+    assert got.shape == (2, 16)
+    assert_close(got, want, rel=1e-6)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from clipserve.uris import UriError, UriPolicy
+from clipserve.inputs.uris import UriError, UriPolicy
 
 from .conftest import TINY, make_image
 

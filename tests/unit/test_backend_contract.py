@@ -11,6 +11,7 @@ import pytest
 from clipserve.backends.base import Backend
 from clipserve.models.preprocess import PreprocessConfig
 
+from ..compare import assert_close
 from ..conftest import TINY
 
 
@@ -87,7 +88,7 @@ RUNTIMES = {'torch': 'torch', 'onnx': 'onnxruntime', 'openvino': 'openvino'}
 
 @pytest.fixture(scope='module')
 def tiny_export(tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     out = tmp_path_factory.mktemp('tiny-onnx')
     export_onnx(TINY, out)
@@ -126,9 +127,9 @@ def test_every_backend_encodes_a_row_the_same_alone_or_in_any_batch(real_backend
     together = b.encode_texts(tokens.input_ids, tokens.attention_mask)
     for i, text in enumerate(texts):  # alone, a short text runs at its own length where padding is trimmed
         alone = b.tokenizer([text])
-        np.testing.assert_allclose(b.encode_texts(alone.input_ids, alone.attention_mask)[0], together[i], atol=1e-5)
+        assert_close(b.encode_texts(alone.input_ids, alone.attention_mask)[0], together[i], rel=1e-5)
     pixels = np.random.default_rng(0).normal(size=(10, 3, b.image_size, b.image_size)).astype(np.float32)
-    np.testing.assert_allclose(b.encode_images(pixels)[9:], b.encode_images(pixels[9:]), atol=1e-5)  # 8 + 2
+    assert_close(b.encode_images(pixels)[9:], b.encode_images(pixels[9:]), rel=1e-5)  # 8 + 2
 
 
 def test_every_backend_counts_its_forward_passes(real_backend):

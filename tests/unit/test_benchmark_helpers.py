@@ -41,3 +41,28 @@ def test_save_plot_writes_a_png_next_to_the_json(tmp_path):
 
     save_plot(tmp_path / 'result.json', lambda ax: ax.bar([0, 1], [3, 4]))
     assert (tmp_path / 'result.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_fastembed_tokenizer_files_tokenize_as_clipserve(tmp_path):
+    """The tokenizer.json that FastEmbed is given for clipserve's export gives the Tokenizer's ids, mask and truncation."""
+    tokenizers = pytest.importorskip('tokenizers')
+    from benchmarks.fastembed_text import CHECK_TEXTS, write_tokenizer_files
+    from clipserve.models.tokenizer import Tokenizer
+
+    theirs = tokenizers.Tokenizer.from_file(str(write_tokenizer_files(tmp_path)))
+    texts = [
+        *CHECK_TEXTS,
+        'Crème brûlée à la carte, s’il vous plaît; ÉLAN — Ärger über Öl?!',
+        "rock'n'roll isn't it... (yes) -- 100% <b>bold</b>",
+        'HELLO <END_OF_TEXT> World',
+        'x' * 3000,  # one word far longer than the context
+        'a very long caption, ' * 60,  # far more than 75 tokens
+    ]
+    ours = Tokenizer()(texts)
+    encoded = theirs.encode_batch(texts)
+    for row, text in enumerate(texts):
+        n = int(ours.lengths[row])
+        assert encoded[row].ids[:n] == ours.input_ids[row, :n].tolist(), text
+        assert encoded[row].attention_mask == ours.attention_mask[row, : len(encoded[row].ids)].tolist(), text
+    assert max(len(e.ids) for e in encoded) == 77  # padded to the longest, which is truncated to the context
+    assert {e.ids[-1] for e in encoded if sum(e.attention_mask) == 77} == {49407}  # truncated rows end in <eot>

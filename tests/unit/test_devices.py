@@ -4,7 +4,7 @@ import pytest
 
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.devices import Device, check_index, parse_device
-from clipserve.backends.torch_backend import pick_device
+from clipserve.backends.torch.backend import pick_device
 from clipserve.errors import BackendUnavailableError
 
 from ..conftest import TINY

@@ -93,8 +93,8 @@ def test_closing_the_executor_stops_the_pipeline_then_closes_the_backend():
     executor.backend.close = lambda: (order.append('backend'), backend_close())
     executor.close()
     assert order == ['pipeline', 'backend']
-    assert executor.pipeline.model_thread._closed  # no forward pass can start after
-    assert not executor.pipeline.model_thread._thread.is_alive()
+    assert executor.pipeline.scheduler._closed  # no forward pass can start after
+    assert not executor.pipeline.scheduler._thread.is_alive()
 
 
 @pytest.mark.parametrize('native', [True, False])

@@ -18,6 +18,8 @@ from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
 
+from ..compare import relative_error
+from ..hub import hub_offline
 from ..model_folders import siglip_dir
 
 open_clip = pytest.importorskip('open_clip')
@@ -107,14 +109,14 @@ def test_torch_backend_equals_open_clip(family_folder, family):
     got = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
     with torch.no_grad():
         want = model.encode_text(torch.from_numpy(want_tokens)).numpy()
-    assert np.abs(got - want).max() <= 1e-5
+    assert relative_error(got, want) <= 1e-5
     images = [_image(1), _image(2, (64, 500))]
     pixels = np.stack([preprocess_image(im, backend.preprocess) for im in images])
     with torch.no_grad():
         want_pixels = torch.stack([preprocess(im) for im in images])
         want = model.encode_image(want_pixels).numpy()
     assert np.abs(pixels - want_pixels.numpy()).max() <= 1e-5
-    assert np.abs(backend.encode_images(pixels) - want).max() <= 1e-5
+    assert relative_error(backend.encode_images(pixels), want) <= 1e-5
 
 
 def test_siglip_preprocessing_and_sigmoid_logits(folders):
@@ -141,9 +143,9 @@ def test_onnx_export_equals_torch_with_the_tokenizer_beside_the_graphs(family_fo
     tokens = onnx_backend.tokenizer(TEXTS)
     assert tokens.input_ids.tolist() == torch_backend.tokenizer(TEXTS).input_ids.tolist()
     want = torch_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-    assert np.abs(onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask) - want).max() <= 1e-4
+    assert relative_error(onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask), want) <= 1e-5
     pixels = np.stack([preprocess_image(_image(3), torch_backend.preprocess)])
-    assert np.abs(onnx_backend.encode_images(pixels) - torch_backend.encode_images(pixels)).max() <= 1e-4
+    assert relative_error(onnx_backend.encode_images(pixels), torch_backend.encode_images(pixels)) <= 1e-5
 
 
 @pytest.mark.parametrize('family', ['siglip', 'xlmr'])
@@ -151,7 +153,7 @@ def test_the_onnx_replica_tokenizes_and_encodes_without_torch_or_transformers(fa
     out, _ = family_export(family)
     code = f"""
 import json, sys
-from clipserve.backends.onnx_backend import OnnxBackend
+from clipserve.backends.onnx.backend import OnnxBackend
 backend = OnnxBackend(None, model_path={str(out)!r})
 tokens = backend.tokenizer({TEXTS!r})
 assert backend.encode_texts(tokens.input_ids, tokens.attention_mask).shape[0] == {len(TEXTS)}
@@ -190,7 +192,7 @@ def test_missing_folder_config_and_weights_fail_clearly(folders, tmp_path):
 
 def test_offline_without_a_cached_tokenizer_fails_fast_and_names_the_files(tmp_path, monkeypatch):
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     with pytest.raises(WeightsUnavailableError) as info:
         create_backend('torch', 'ViT-B-16-SigLIP::random', BackendOptions(device='cpu'))
     message = str(info.value)
@@ -208,7 +210,7 @@ def test_local_dir_names_parse_and_print_as_given(tmp_path):
 def test_a_cached_tokenizer_serves_offline_from_the_hub_cache_layout(folders, tmp_path, monkeypatch):
     """Tokenizer files downloaded once (huggingface_hub's cache layout under $CLIPSERVE_CACHE) are found
     offline without any network call, and tokenize as the model's own."""
-    from clipserve.models.loading import tokenizer_folder
+    from clipserve.models.registry import tokenizer_folder
 
     cache = tmp_path / 'cache'
     snapshot = cache / 'models--timm--ViT-B-16-SigLIP' / 'snapshots' / ('0' * 40)
@@ -218,7 +220,7 @@ def test_a_cached_tokenizer_serves_offline_from_the_hub_cache_layout(folders, tm
     for name in ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json'):
         (snapshot / name).write_bytes((folders['siglip'] / name).read_bytes())
     monkeypatch.setenv('CLIPSERVE_CACHE', str(cache))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     resolved = resolve(parse_model_name('ViT-B-16-SigLIP::random'))
     folder = tokenizer_folder(resolved)
     assert folder == snapshot

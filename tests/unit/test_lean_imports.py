@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 CHECK = """
 import sys
-from clipserve.lean_imports import keep_triton_out
+from clipserve.backends.torch.lean_imports import keep_triton_out
 print('kept out:', keep_triton_out({device!r}))
 import open_clip
 from torch.utils._triton import has_triton_package

@@ -10,11 +10,12 @@ import pytest
 
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.export_format import export_cache_dir
-from clipserve.backends.onnx_backend import OnnxBackend
-from clipserve.backends.onnx_export import ExportError, export_onnx, verify_export
+from clipserve.backends.onnx.backend import OnnxBackend
+from clipserve.backends.onnx.export import ExportError, export_onnx, verify_export
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.tokenizer import Tokenizer
 
+from ..compare import assert_close, relative_error
 from ..conftest import TINY
 from ..onnx_helpers import make_clip_as_service_layout
 
@@ -55,16 +56,17 @@ def test_export_layout_and_metadata(tiny_export):
     assert isinstance(textual.get_inputs()[0].shape[0], str) and isinstance(textual.get_inputs()[0].shape[1], str)
 
 
+@pytest.mark.precision
 def test_onnx_equals_torch(tiny_export, tiny_backend):
     onnx_backend = create_backend('onnx', TINY, CPU, model_path=str(tiny_export[0]))
     tokens = Tokenizer()(TEXTS)
-    image_diff = np.abs(onnx_backend.encode_images(_pixels()) - tiny_backend.encode_images(_pixels())).max()
-    text_diff = np.abs(
-        onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-        - tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-    ).max()
+    image_diff = relative_error(onnx_backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()))
+    text_diff = relative_error(
+        onnx_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+        tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+    )
     print(f'\nonnx vs torch ({TINY}): images {image_diff:.2e}, texts {text_diff:.2e}')
-    assert image_diff < 1e-4 and text_diff < 1e-4
+    assert image_diff < 1e-5 and text_diff < 1e-5
     assert onnx_backend.trims_padding and onnx_backend.encode_images(_pixels(1)).dtype == np.float32
 
 
@@ -74,10 +76,8 @@ def test_clip_as_service_layout(tiny_export, tiny_backend, tmp_path):
     assert not backend.trims_padding  # fixed 77-token input, as clip-as-service shipped
     assert backend.embed_dim == 64 and backend.image_size == 224
     tokens = Tokenizer()(TEXTS)
-    np.testing.assert_allclose(
-        backend.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids), atol=1e-4
-    )
-    np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
+    assert_close(backend.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids), rel=1e-4)
+    assert_close(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), rel=1e-4)
 
 
 def test_inline_export(tmp_path, tiny_backend):
@@ -85,14 +85,13 @@ def test_inline_export(tmp_path, tiny_backend):
     metadata = export_onnx(TINY, tmp_path, external_data=False)
     assert {p.name for p in tmp_path.iterdir()} == {'visual.onnx', 'textual.onnx', 'clipserve.json'}
     backend = OnnxBackend(TINY, CPU, model_path=str(tmp_path))
-    np.testing.assert_allclose(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), atol=1e-4)
+    assert_close(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()), rel=1e-4)
     assert max(metadata.max_abs_diff.values()) < 1e-4
 
 
 def test_verification_rejects_a_wrong_graph(tiny_export, tmp_path):
-    from clipserve.models.loading import build_model
     from clipserve.models.names import parse_model_name
-    from clipserve.models.registry import resolve
+    from clipserve.models.registry import build_model, resolve
     from clipserve.models.towers import ImageTower, TextTower
 
     resolved = resolve(parse_model_name(TINY))
@@ -128,7 +127,7 @@ def test_model_name_exports_once_into_the_cache(tmp_path, monkeypatch, tiny_back
     stamp = (folder / 'visual.onnx').stat().st_mtime_ns
     second = OnnxBackend(TINY, CPU)
     assert (folder / 'visual.onnx').stat().st_mtime_ns == stamp  # loaded, not exported again
-    np.testing.assert_allclose(second.encode_images(_pixels(1)), tiny_backend.encode_images(_pixels(1)), atol=1e-4)
+    assert_close(second.encode_images(_pixels(1)), tiny_backend.encode_images(_pixels(1)), rel=1e-4)
 
 
 def test_cache_key_depends_on_model_and_settings(tmp_path, monkeypatch):

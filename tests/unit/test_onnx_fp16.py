@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from clipserve.backends.onnx_fp16 import DATA_FILE, INTEGRITY_FILE, MODEL_FILE, fp16_copy
+from clipserve.backends.onnx.fp16 import DATA_FILE, INTEGRITY_FILE, MODEL_FILE, fp16_copy
 
 WIDTH, LAYERS = 1024, 8  # 32 MB of weights: enough for two conversions to overlap in time
 
@@ -106,7 +106,7 @@ def test_two_processes_converting_at_once_convert_once(source, tmp_path):
         'import logging, sys, time, os\n'
         'from pathlib import Path\n'
         'logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n'
-        'from clipserve.backends.onnx_fp16 import fp16_copy\n'
+        'from clipserve.backends.onnx.fp16 import fp16_copy\n'
         f'while not os.path.exists({str(gate)!r}): time.sleep(0.005)\n'
         f'print(fp16_copy(Path({str(source)!r})))\n'
     )

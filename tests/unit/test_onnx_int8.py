@@ -1,51 +1,139 @@
-"""`dtype: int8` on the onnx backend: a dynamically quantized copy of the export, made once, cached with
-an integrity record (the cache machinery is tests/unit/test_onnx_fp16.py's), close to fp32."""
+"""`dtype: int8` on the onnx backend: a per-row quantized copy of the export, made once, cached with an
+integrity record (the cache machinery is tests/unit/test_onnx_fp16.py's), measured against fp32 on this
+CPU before it serves, and refused with the figures when it breaks embeddings.
+
+Marked `precision`: CI also runs these on an emulated AVX2 CPU (tests/unit/test_cpu_kinds.py), whose
+integer kernels differ from AVX-512's.
+"""
 
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
-from clipserve.backends import BackendOptions, create_backend
-from clipserve.backends.onnx_copies import INTEGRITY_FILE, MODEL_FILE
-from clipserve.backends.onnx_export import export_onnx
+from clipserve.backends import BackendOptions, create_backend, int8_check
+from clipserve.backends.onnx.copies import INTEGRITY_FILE, MODEL_FILE
+from clipserve.backends.onnx.int8 import weight_bits
 from clipserve.errors import BackendUnavailableError
 
+from ..compare import cosines
 from ..conftest import TINY
+
+pytestmark = pytest.mark.precision
+
+TEXTS = ['a photo of a cat', 'two dogs playing in the snow', 'a diagram', 'a']
 
 
 @pytest.fixture(scope='module')
-def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp('tiny-onnx')
-    export_onnx(TINY, out)
-    return out
+def exported(tiny_onnx_export):
+    return tiny_onnx_export
 
 
-def _cosine(a, b):
-    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
-
-def test_int8_is_a_cached_quantized_copy_close_to_fp32(exported, tmp_path, monkeypatch):
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
-    fp32 = create_backend('onnx', None, BackendOptions(device='cpu'), model_path=str(exported))
-    int8 = create_backend('onnx', None, BackendOptions(device='cpu', dtype='int8'), model_path=str(exported))
+    monkeypatch.delenv(int8_check.FORCE_ENV, raising=False)
+    return tmp_path / 'cache'
+
+
+def _onnx(folder, dtype):
+    return create_backend('onnx', None, BackendOptions(device='cpu', dtype=dtype), model_path=str(folder))
+
+
+def _pixels(n=3):
+    return np.random.default_rng(0).normal(size=(n, 3, 224, 224)).astype(np.float32)
+
+
+def test_int8_is_a_cached_integer_copy_close_to_fp32(exported, cache):
+    fp32, int8 = _onnx(exported, 'fp32'), _onnx(exported, 'int8')
     assert (fp32.dtype, int8.dtype) == ('fp32', 'int8')
-    copies = sorted((tmp_path / 'cache' / 'onnx-int8').glob('*/' + MODEL_FILE))
+    folder = cache / f'onnx-int8-w{weight_bits()}'
+    copies = sorted(folder.glob('*/' + MODEL_FILE))
     assert [p.parent.name.split('-')[0] for p in copies] == ['textual', 'visual']
+    limit = 2 ** (weight_bits() - 1) - 1  # 7 bits on CPUs without VNNI: their pair sums cannot saturate
     for copy in copies:
         assert (copy.parent / INTEGRITY_FILE).is_file()
-        ops = {node.op_type for node in onnx.load(str(copy), load_external_data=False).graph.node}
-        assert 'MatMulInteger' in ops or 'DynamicQuantizeMatMul' in ops, ops
-    tokens = fp32.tokenizer(['a photo of a cat', 'two dogs playing in the snow', 'a diagram'])
-    pixels = np.random.default_rng(0).normal(size=(3, 3, 224, 224)).astype(np.float32)
-    texts = _cosine(int8.encode_texts(tokens.input_ids, tokens.attention_mask), fp32.encode_texts(tokens.input_ids))
-    images = _cosine(int8.encode_images(pixels), fp32.encode_images(pixels))
+        graph = onnx.load(str(copy)).graph
+        ops = [node.op_type for node in graph.node]
+        assert ops.count('MatMulInteger') >= 8, ops  # every linear layer: attention, MLP, projections
+        assert 'MatMul' in ops  # attention's activation x activation products stay float
+        weights = [numpy_helper.to_array(w) for w in graph.initializer if w.data_type == onnx.TensorProto.INT8]
+        assert weights and max(int(np.abs(w).max()) for w in weights) == limit
+    tokens = fp32.tokenizer(TEXTS)
+    texts = cosines(int8.encode_texts(tokens.input_ids, tokens.attention_mask), fp32.encode_texts(tokens.input_ids))
+    images = cosines(int8.encode_images(_pixels()), fp32.encode_images(_pixels()))
     print(f'\nint8 vs fp32 cosine: texts min {texts.min():.5f}, images min {images.min():.5f}')
-    assert texts.min() > 0.99 and images.min() > 0.99
-    again = create_backend('onnx', None, BackendOptions(device='cpu', dtype='int8'), model_path=str(exported))
-    assert sorted((tmp_path / 'cache' / 'onnx-int8').glob('*/' + MODEL_FILE)) == copies  # reused
-    np.testing.assert_array_equal(again.encode_images(pixels), int8.encode_images(pixels))
+    assert texts.min() > 0.995 and images.min() > 0.995
+    assert not np.allclose(int8.encode_images(_pixels()), fp32.encode_images(_pixels()), rtol=1e-4)  # it changed
+    again = _onnx(exported, 'int8')
+    assert sorted(folder.glob('*/' + MODEL_FILE)) == copies  # reused
+    np.testing.assert_array_equal(again.encode_images(_pixels()), int8.encode_images(_pixels()))
+
+
+def test_an_embedding_does_not_depend_on_its_batch_mates(exported, cache):
+    int8 = _onnx(exported, 'int8')
+    pixels = _pixels(9)
+    batched = int8.encode_images(pixels)
+    alone = np.concatenate([int8.encode_images(pixels[i : i + 1]) for i in range(len(pixels))])
+    assert cosines(alone, batched).min() > 0.99999
+    tokens = int8.tokenizer(TEXTS)
+    together = int8.encode_texts(tokens.input_ids, tokens.attention_mask)
+    for i, text in enumerate(TEXTS):  # alone, a short text runs at its own length: no padding to share
+        one = int8.tokenizer([text])
+        assert cosines(int8.encode_texts(one.input_ids, one.attention_mask), together[i : i + 1]).min() > 0.99999
+
+
+def test_the_check_on_this_cpu_is_reported(exported, cache):
+    int8 = _onnx(exported, 'int8')
+    report = int8.int8_report
+    assert report.image_cosine_min > int8_check.MIN_COSINE and report.text_cosine_min > int8_check.MIN_COSINE
+    assert report.batch_cosine_min > int8_check.MIN_BATCH_COSINE and report.image_speedup > 0
+    assert 'int8 vs fp32 on this CPU' in int8.precision.reason and report.cpu in int8.precision.reason
+    assert int8.model_calls == 0  # the check's forward passes are not the replica's
+
+
+def test_int8_that_misses_the_bounds_is_refused_with_the_figures_unless_forced(exported, cache, monkeypatch):
+    monkeypatch.setattr(int8_check, 'MIN_COSINE', 0.9999999)  # stricter than any int8 reaches
+    with pytest.raises(BackendUnavailableError) as refused:
+        _onnx(exported, 'int8')
+    message = str(refused.value)
+    assert 'refused on this CPU' in message and 'min cosine' in message and int8_check.FORCE_ENV in message
+    monkeypatch.setenv(int8_check.FORCE_ENV, '1')
+    forced = _onnx(exported, 'int8')
+    assert forced.dtype == 'int8' and 'SERVED ANYWAY' in forced.precision.reason
+
+
+def test_enforce_names_each_failure():
+    report = int8_check.Int8Report(0.97, 0.999, 0.9990, 1.7, 2.0, 'avx2 (avx2, fma)')
+    assert len(report.failures) == 2
+    with pytest.raises(BackendUnavailableError, match='image embeddings drift.*depends on its batch mates'):
+        int8_check.enforce(report, 'onnx', environ={})
+    assert 'SERVED ANYWAY' in int8_check.enforce(report, 'onnx', environ={int8_check.FORCE_ENV: '1'})
+    good = int8_check.Int8Report(0.999, 0.999, 1.0, 1.7, 2.0, 'avx2 (avx2, fma)')
+    assert int8_check.enforce(good, 'onnx', environ={}).startswith('int8 vs fp32 on this CPU (avx2')
 
 
 def test_int8_is_the_onnx_backends_on_cpus_only():
     with pytest.raises(BackendUnavailableError, match='int8 runs on the onnx and openvino backends'):
         create_backend('torch', TINY, BackendOptions(device='cpu', dtype='int8'))
+
+
+def test_weights_use_7_bits_where_pair_sums_could_saturate_and_8_with_int8_dot_products(monkeypatch):
+    from clipserve.backends import cpu_features as features
+    from clipserve.backends.onnx import int8
+
+    for flags, bits in (({'avx2', 'fma'}, 7), ({'avx2', 'fma', 'avx512f', 'avx512_vnni'}, 8)):
+        monkeypatch.setattr(int8, 'cpu_features', lambda flags=flags: features.combine(flags, None))
+        assert int8.weight_bits() == bits
+
+
+def test_channel_scales_round_better_than_the_largest_weight_alone():
+    from clipserve.backends.onnx.int8 import channel_scales
+
+    weights = np.random.default_rng(3).standard_t(3, size=(768, 64)).astype(np.float32)  # heavy tails
+    plain = np.abs(weights).max(axis=0) / 63
+
+    def error(scale):
+        return float(((np.clip(np.round(weights / scale), -63, 63) * scale - weights) ** 2).sum())
+
+    assert error(channel_scales(weights, 63)) < error(plain)  # never worse: ratio 1 is among the candidates

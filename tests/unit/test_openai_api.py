@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clipserve import openai_api as api
 from clipserve.errors import InvalidDocumentError
+from clipserve.inputs.uris import UriError, UriPolicy
 from clipserve.models.preprocess import PreprocessConfig, preprocess_bytes
-from clipserve.uris import UriError, UriPolicy
+from clipserve.serving import openai_answers as answers
+from clipserve.serving import openai_api as api
+from clipserve.serving import openai_errors as v1_errors
 
 
 def png() -> bytes:
@@ -100,7 +102,8 @@ def test_bad_inputs_are_400s_naming_the_item(value, param, words):
 
 def test_too_many_inputs_and_too_large_images():
     err = error_of(lambda: api.parse_items(['x'] * (api.MAX_INPUTS + 1)))
-    assert err.status == 400 and str(api.MAX_INPUTS) in err.message
+    assert err.status == 400 and str(api.MAX_INPUTS) in err.message and 'max_inputs' in err.message
+    assert error_of(lambda: api.parse_items(['x'] * 4, max_items=3)).code == 'too_many_items'
     err = error_of(lambda: api.parse_items(['ok', DATA_URI], max_image_bytes=10))
     assert (err.status, err.param, err.code) == (
         413,
@@ -121,6 +124,7 @@ def test_the_embeddings_request_fields():
         ({'input': 'a', 'encoding_format': 'binary'}, 'encoding_format'),
         ({'input': 'a', 'dimensions': '8'}, 'dimensions'),
         ({'input': 'a', 'model': 5}, 'model'),
+        ({'input': 'a', 'return_multivector': 'yes'}, 'return_multivector'),
     ]:
         assert error_of(lambda: api.parse_embeddings_request(body)).param == param
     assert error_of(lambda: api.parse_embeddings_request(['a'])).code == 'invalid_json'
@@ -132,6 +136,20 @@ def test_dimensions_are_refused_unless_they_are_the_models_own():
     err = error_of(lambda: api.check_dimensions(256, 'ViT-B-32::openai', 512))
     assert (err.status, err.param) == (400, 'dimensions')
     assert 'not trained to be truncated' in err.message and '512' in err.message
+
+
+def test_multivector_is_served_only_when_asked_and_only_by_late_interaction_models():
+    assert api.parse_embeddings_request({'input': 'a', 'return_multivector': True}).return_multivector
+    assert not api.parse_embeddings_request({'input': 'a'}).return_multivector
+    api.check_multivector(False, 'ViT-B-32::openai', False)
+    api.check_multivector(True, 'colqwen2', True)
+    unasked = error_of(lambda: api.check_multivector(False, 'colqwen2', True))
+    assert (unasked.status, unasked.param) == (400, 'return_multivector') and 'late-interaction' in unasked.message
+    single = error_of(lambda: api.check_multivector(True, 'ViT-B-32::openai', False))
+    assert (single.status, single.param) == (400, 'return_multivector') and 'one vector' in single.message
+    answer = answers.multivector_response([np.ones((3, 2)), np.zeros((1, 2))], 'colqwen2', 'base64', 4)
+    assert [row['shape'] for row in answer['data']] == [[3, 2], [1, 2]]
+    assert answers.decode_base64(answer['data'][0]['embedding']).tolist() == [1.0] * 6
 
 
 def test_the_rank_request():
@@ -152,36 +170,40 @@ def test_the_rank_request():
 
 def test_base64_is_little_endian_float32_exactly_as_the_openai_sdk_decodes_it():
     vector = np.random.default_rng(0).normal(size=17).astype(np.float32)
-    encoded = api.encode_base64(vector)
+    encoded = answers.encode_base64(vector)
     # what openai-python does with a base64 embedding (with numpy, and without it)
     assert np.array_equal(np.frombuffer(base64.b64decode(encoded), dtype='float32'), vector)
     assert array.array('f', base64.b64decode(encoded)).tolist() == vector.tolist()
-    assert np.array_equal(api.decode_base64(encoded), vector)
+    assert np.array_equal(answers.decode_base64(encoded), vector)
     assert base64.b64decode(encoded)[:4] == vector[:1].astype('<f4').tobytes()
 
 
 def test_embeddings_are_l2_normalised_and_answered_in_openais_shape():
     raw = np.array([[3.0, 4.0], [0.0, 0.0], [1e-20, 0.0]], dtype=np.float32)
-    unit = api.l2_normalise(raw)
+    unit = answers.l2_normalise(raw)
     assert unit.dtype == np.float32
     np.testing.assert_allclose(unit, [[0.6, 0.8], [0, 0], [1, 0]], atol=1e-7)
-    answer = api.embeddings_response(unit, 'm', 'float', 7)
+    answer = answers.embeddings_response(unit, 'm', 'float', 7)
     assert answer['object'] == 'list' and answer['model'] == 'm'
     assert answer['usage'] == {'prompt_tokens': 7, 'total_tokens': 7}
     assert [d['index'] for d in answer['data']] == [0, 1, 2] and answer['data'][0]['object'] == 'embedding'
     assert answer['data'][0]['embedding'] == unit[0].tolist()
-    b64 = api.embeddings_response(unit, 'm', 'base64', 0)
-    assert np.array_equal(api.decode_base64(b64['data'][2]['embedding']), unit[2])
+    b64 = answers.embeddings_response(unit, 'm', 'base64', 0)
+    assert np.array_equal(answers.decode_base64(b64['data'][2]['embedding']), unit[2])
 
 
 def test_rank_and_models_answers():
-    results = [api.RankResult(2, 0.7, 0.3), api.RankResult(0, 0.2, 0.25, siglip_score=0.1), api.RankResult(1, 0.1, 0.2)]
-    answer = api.rank_response(results, 'm', 5, top_n=2)
+    results = [
+        answers.RankResult(2, 0.7, 0.3),
+        answers.RankResult(0, 0.2, 0.25, siglip_score=0.1),
+        answers.RankResult(1, 0.1, 0.2),
+    ]
+    answer = answers.rank_response(results, 'm', 5, top_n=2)
     assert [r['index'] for r in answer['results']] == [2, 0]
     assert answer['results'][0] == {'index': 2, 'relevance_score': 0.7, 'clip_score': 0.7, 'clip_score_cosine': 0.3}
     assert answer['results'][1]['siglip_score'] == 0.1 and answer['usage']['total_tokens'] == 5
-    assert len(api.rank_response(results, 'm', 0)['results']) == 3
-    models = api.models_response([api.ServedModel('a::b', 64, ('A',), True)], created=5)
+    assert len(answers.rank_response(results, 'm', 0)['results']) == 3
+    models = answers.models_response([answers.ServedModel('a::b', 64, ('A',), True)], created=5)
     assert models == {
         'object': 'list',
         'data': [
@@ -194,6 +216,7 @@ def test_rank_and_models_answers():
                 'modalities': ['text', 'image'],
                 'aliases': ['A'],
                 'default': True,
+                'multi_vector': False,
             }
         ],
     }
@@ -212,7 +235,7 @@ def _reason(call) -> str:
 
 def test_the_size_caps_messages_are_413s_other_bad_images_400s():
     """The classifier reads the messages of uris.py, documents.py and preprocess.py: pinned here."""
-    from clipserve.documents import _capped
+    from clipserve.serving.documents import _capped
 
     config = PreprocessConfig(image_size=32, max_pixels=10)
     too_large = [
@@ -220,19 +243,52 @@ def test_the_size_caps_messages_are_413s_other_bad_images_400s():
         _reason(lambda: _capped(b'x' * 10, 4)),
         _reason(lambda: preprocess_bytes(PNG, config)),
     ]
-    assert all(api.is_size_limit(r) for r in too_large), too_large
+    assert all(v1_errors.is_size_limit(r) for r in too_large), too_large
     bad = [_reason(lambda: preprocess_bytes(b'not an image', PreprocessConfig(image_size=32))), 'empty image data']
-    assert not any(api.is_size_limit(r) for r in bad), bad
+    assert not any(v1_errors.is_size_limit(r) for r in bad), bad
 
 
-def test_invalid_document_messages_map_back_to_the_requests_items():
+def test_invalid_documents_map_back_to_the_requests_items_from_the_errors_details():
+    from clipserve.errors import details_of
+
     failures = [('input-3', 'not an image Pillow can decode'), ('input-0', "odd; reason: 'quoted'")]
-    message = str(InvalidDocumentError(failures))
-    assert api.parse_failures(message) == failures
-    err = api.failures_error(api.parse_failures(message), {'input-3': 'input[3]', 'input-0': 'input[0]'})
-    assert (err.status, err.param) == (400, 'input[3]')
+    carried = details_of(InvalidDocumentError(failures).args)['failures']  # as Jina relays the arguments
+    err = v1_errors.failures_error(carried, {'input-3': 'input[3]', 'input-0': 'input[0]'})
+    assert (err.status, err.param, err.code) == (400, 'input[3]', 'invalid_input')
     assert err.message == "input[3]: not an image Pillow can decode; input[0]: odd; reason: 'quoted'"
-    big = str(InvalidDocumentError([('input-1', 'the data: URI is larger than the limit of 10 bytes')]))
-    assert api.failures_error(api.parse_failures(big), {'input-1': 'input[1]'}).status == 413
-    many = str(InvalidDocumentError([(f'input-{i}', 'bad') for i in range(25)]))
-    assert len(api.parse_failures(many)) == 20
+    # a failure that names its kind is classed by it, whatever its words
+    assert v1_errors.failures_error([['input-1', 'too big', 'payload_too_large']], {}).status == 413
+    assert (
+        v1_errors.failures_error([['input-1', 'larger than the limit of 10 bytes', 'invalid_document']], {}).status
+        == 400
+    )
+    # without a kind (today's encoder), by the size caps' messages
+    big = details_of(InvalidDocumentError([('input-1', 'the data: URI is larger than the limit of 10 bytes')]).args)
+    assert v1_errors.failures_error(big['failures'], {'input-1': 'input[1]'}).status == 413
+    many = details_of(InvalidDocumentError([(f'input-{i}', 'bad') for i in range(25)]).args)
+    assert len(many['failures']) == 25
+
+
+# ---- the body -----------------------------------------------------------------------------------
+
+
+def test_json_bodies_with_more_values_than_the_inputs_allow_are_refused_before_they_are_built():
+    import json
+
+    most = 8 * api.MAX_INPUTS + 64
+    for item in (b'{},', b'"",', b'[],', b'0,'):
+        raw = b'{"input": [' + item * (most + 1) + b'1]}'
+        assert api.too_many_values(raw, most), item
+        err = error_of(lambda: api.parse_body(raw))
+        assert (err.status, err.code) == (400, 'too_many_items') and 'max_inputs' in err.message
+    legit = [
+        {'input': ['a, b, [c], {d}' * 200] * api.MAX_INPUTS},  # commas and brackets inside texts are not values
+        {'input': [{'type': 'image_url', 'image_url': {'url': DATA_URI}}] * api.MAX_INPUTS},
+        {'input': ['say \\"hi\\", [x]' * 100] * 100},
+    ]
+    for body in legit:
+        raw = json.dumps(body).encode()
+        assert not api.too_many_values(raw, most)
+        assert api.parse_body(raw) == body
+    assert error_of(lambda: api.parse_body(b'{"input": ')).code == 'invalid_json'
+    assert error_of(lambda: api.parse_body(b'[' * 5_000)).code == 'invalid_json'  # nested too deeply

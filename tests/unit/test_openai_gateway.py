@@ -1,18 +1,21 @@
 """The gateway's /v1 routes as an ASGI app, in front of a stand-in for the Flow (no sockets, no executors):
-model picking, the body cap, errors in OpenAI's shape, the page. Real Flows: tests/integration/test_openai_api.py."""
+model picking, the body cap, errors in OpenAI's shape and by kind, deadlines, disconnects, the page.
+Real Flows: tests/integration/test_openai_api.py."""
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from docarray.score import NamedScore
 
-from clipserve import openai_api as api
-from clipserve import openai_gateway as gw
-from clipserve.endpoints import TOKEN_COUNT_TAG
-from clipserve.errors import InvalidDocumentError
+from clipserve.errors import DeadlineExceededError, InvalidDocumentError, OverloadedError, PayloadTooLargeError
+from clipserve.serving import openai_api as api
+from clipserve.serving import openai_gateway as gw
+from clipserve.serving import openai_routes as routes_
+from clipserve.serving.documents import TOKEN_COUNT_TAG
 
 INFO = {
     'clip_default/rep-0': {
@@ -34,17 +37,25 @@ INFO = {
 class StandIn(gw.FlowCalls):
     """FlowCalls whose executors are this object: embeddings [1, 2, ...] per document, texts 3 tokens."""
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, hold: float = 0.0):
         super().__init__(streamer=None, logger=SimpleNamespace(warning=print, error=print))
         self.sent = []
         self.fail = fail
+        self.hold = hold
+        self.cancelled = 0
 
     async def call(self, endpoint, docs, parameters, params):
         self.sent.append((endpoint, docs, parameters))
         if endpoint == '/clipserve/info':
             return SimpleNamespace(parameters={'__results__': INFO}, docs=docs)
-        if self.fail:
-            raise gw.executor_error(type(self.fail).__name__, [str(self.fail)], params)
+        if self.hold:
+            try:
+                await asyncio.sleep(self.hold)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if self.fail:  # as Jina relays an executor's exception: its class name and arguments
+            raise gw.executor_error(type(self.fail).__name__, list(self.fail.args), params)
         dim = 6 if 'ViT-L' in endpoint else 4
         everyone = [d for q in docs for d in (q, *q.matches)]
         for i, doc in enumerate(everyone):
@@ -59,31 +70,47 @@ class StandIn(gw.FlowCalls):
         return SimpleNamespace(docs=docs, parameters={})
 
 
-def request(app, method, path, body=b'', headers=()):
-    """One ASGI request: (status, headers, body)."""
+def request(app, method, path, body=b'', headers=(), leave_after=None):
+    """One ASGI request: (status, headers, body). The client stays connected until the answer, or leaves
+    `leave_after` seconds after sending its body."""
     messages = [{'type': 'http.request', 'body': body, 'more_body': False}]
     sent = []
 
     async def receive():
-        return messages.pop(0) if messages else {'type': 'http.disconnect'}
+        if messages:
+            return messages.pop(0)
+        if leave_after is None:
+            await asyncio.Event().wait()  # connected: nothing more to say
+        await asyncio.sleep(leave_after)
+        return {'type': 'http.disconnect'}
 
     async def send(message):
         sent.append(message)
 
-    scope = {'type': 'http', 'method': method, 'path': path, 'headers': list(headers)}
+    scope = {
+        'type': 'http',
+        'method': method,
+        'path': path,
+        'headers': [(k.lower(), v) for k, v in headers],
+        'query_string': b'',
+        'scheme': 'http',
+        'server': ('127.0.0.1', 8080),
+        'root_path': '',
+    }
     asyncio.run(app(scope, receive, send))
     start = next(m for m in sent if m['type'] == 'http.response.start')
     return start['status'], dict(start['headers']), b''.join(m.get('body', b'') for m in sent[1:])
 
 
-def routes(flow=None, max_request_bytes=10_000):
+def routes(flow=None, max_body_bytes=10_000, max_inputs=api.MAX_INPUTS):
     async def jina_app(scope, receive, send):
         await send({'type': 'http.response.start', 'status': 299, 'headers': []})
         await send({'type': 'http.response.body', 'body': b'jina'})
 
     flow = flow or StandIn()
     logger = SimpleNamespace(warning=print, error=print)
-    return gw.OpenAIRoutes(jina_app, flow, max_request_bytes, gw.OpenAIMetrics(), True, logger), flow
+    limits = SimpleNamespace(max_body_bytes=max_body_bytes, max_inputs=max_inputs)
+    return routes_.OpenAIRoutes(jina_app, flow, limits, routes_.OpenAIMetrics(), True, logger), flow
 
 
 def post(app, path, body):
@@ -156,15 +183,20 @@ def test_unknown_models_routes_and_methods():
 
 
 def test_bodies_over_the_cap_or_not_json_are_refused():
-    app, _ = routes(max_request_bytes=100)
+    app, _ = routes(max_body_bytes=100)
     status, _, raw = request(app, 'POST', '/v1/embeddings', b'{"input": "' + b'x' * 200 + b'"}')
-    assert status == 413 and 'max_request_bytes' in json.loads(raw)['error']['message']
+    assert status == 413 and 'max_body_bytes' in json.loads(raw)['error']['message']
     status, _, raw = request(app, 'POST', '/v1/embeddings', b'{"input": ', [(b'content-length', b'10')])
     assert status == 400 and json.loads(raw)['error']['code'] == 'invalid_json'
     status, _, raw = request(app, 'POST', '/v1/embeddings', b'[' * 40 + b']' * 40)
     assert status == 400
-    app, _ = routes(max_request_bytes=100_000)
-    assert request(app, 'POST', '/v1/embeddings', b'[' * 50_000)[0] == 400  # nested too deeply for json
+    app, _ = routes(max_body_bytes=100_000)
+    assert request(app, 'POST', '/v1/embeddings', b'[' * 5_000)[0] == 400  # nested too deeply for json
+    status, _, raw = request(app, 'POST', '/v1/embeddings', b'{"input": [' + b'{},' * 30_000 + b'{}]}')
+    assert status == 400 and json.loads(raw)['error']['code'] == 'too_many_items'  # counted, never built
+    app, _ = routes(max_inputs=3)
+    status, _, raw = request(app, 'POST', '/v1/embeddings', json.dumps({'input': ['a'] * 4}).encode())
+    assert status == 400 and 'max_inputs' in json.loads(raw)['error']['message']
 
 
 def test_the_playground_page_and_its_policy():
@@ -188,7 +220,7 @@ def test_a_bug_is_still_an_openai_shaped_500(monkeypatch):
     async def broken(*args):
         raise KeyError('bug')
 
-    monkeypatch.setattr(gw, 'embeddings', broken)
+    monkeypatch.setattr(gw, 'embeddings', broken)  # what the route calls
     status, answer = post(app, '/v1/embeddings', {'input': 'a'})
     assert status == 500 and answer['error']['type'] == 'server_error'
 
@@ -206,7 +238,7 @@ def test_the_api_error_shape():
 
 def test_answers_that_leave_the_body_unread_close_the_connection():
     """Else uvicorn keeps the half-read connection, and waits for it when the gateway stops."""
-    app, _ = routes(max_request_bytes=100)
+    app, _ = routes(max_body_bytes=100)
     status, headers, _ = request(app, 'POST', '/v1/embeddings', b'x' * 200, [(b'content-length', b'200')])
     assert status == 413 and headers[b'connection'] == b'close'
     assert b'connection' not in post_headers(app, '/v1/embeddings', {'input': 'a'})
@@ -217,7 +249,7 @@ def post_headers(app, path, body):
 
 
 def test_the_token_check_covers_the_routes_in_openais_shape_and_leaves_the_page_open():
-    from clipserve.gateway import TokenMiddleware
+    from clipserve.serving.auth import TokenMiddleware
 
     app, _ = routes()
     guarded = TokenMiddleware(app, 'tok')
@@ -226,3 +258,61 @@ def test_the_token_check_covers_the_routes_in_openais_shape_and_leaves_the_page_
     assert request(guarded, 'GET', '/v1/models', headers=[(b'authorization', b'Bearer tok')])[0] == 200
     assert request(guarded, 'GET', '/playground')[0] == 200
     assert json.loads(request(guarded, 'POST', '/post')[2]) == {'detail': 'missing or wrong Authorization header'}
+
+
+# ---- errors by kind, deadlines, disconnects -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    'failure, status, code, retry_after',
+    [
+        (OverloadedError('overloaded: 64 requests (max_requests=64)', 'max_requests', 2.5), 429, 'overloaded', '3'),
+        (DeadlineExceededError('the request waited past its deadline'), 504, 'deadline_exceeded', '1'),
+        (PayloadTooLargeError('too many documents (max_documents=4)'), 413, 'payload_too_large', None),
+    ],
+)
+def test_the_encoders_errors_map_by_their_kind_never_their_words(failure, status, code, retry_after):
+    app, _ = routes(StandIn(fail=failure))
+    got, headers, raw = request(app, 'POST', '/v1/embeddings', json.dumps({'input': ['a']}).encode())
+    error = json.loads(raw)['error']
+    assert (got, error['code'], headers.get(b'retry-after')) == (status, code, retry_after and retry_after.encode())
+    assert error['message'] == failure.message  # it names the limit
+
+
+def test_an_unknown_exception_is_a_500_that_does_not_leak_its_words():
+    error = gw.executor_error('KeyError', ["'secret internal detail' larger than the limit of 3 bytes"], {})
+    assert (error.status, error.code) == (500, 'internal_error') and 'secret' not in error.message
+    # the words of a kind's message do not change its status either
+    assert gw.executor_error('InvalidParameterError', ['overloaded, retry after 1 s'], {}).status == 400
+
+
+def test_a_client_timeout_becomes_the_executors_deadline_and_a_504_that_cancels_the_work():
+    flow = StandIn(hold=5)
+    app, _ = routes(flow)
+    started = time.perf_counter()
+    headers = [(b'x-request-timeout', b'0.3')]
+    status, _, raw = request(app, 'POST', '/v1/embeddings', json.dumps({'input': ['a']}).encode(), headers)
+    assert status == 504 and json.loads(raw)['error']['code'] == 'timeout'
+    assert time.perf_counter() - started < 3 and flow.cancelled == 1
+    endpoint, _, parameters = flow.sent[-1]
+    assert endpoint.startswith('/encode/') and 0 < parameters['timeout_seconds'] <= 0.3
+
+
+def test_the_openai_sdks_own_timeout_is_the_deadline_and_a_bad_header_is_a_400():
+    flow = StandIn()
+    app, _ = routes(flow)
+    body = json.dumps({'input': ['a']}).encode()
+    assert request(app, 'POST', '/v1/embeddings', body, [(b'x-stainless-read-timeout', b'600.0')])[0] == 200
+    assert 599 < flow.sent[-1][2]['timeout_seconds'] <= 600
+    assert request(app, 'POST', '/v1/embeddings', body)[0] == 200 and 'timeout_seconds' not in flow.sent[-1][2]
+    assert request(app, 'POST', '/v1/embeddings', body, [(b'x-stainless-read-timeout', b'nan')])[0] == 200
+    status, _, raw = request(app, 'POST', '/v1/embeddings', body, [(b'x-request-timeout', b'-1')])
+    assert status == 400 and 'x-request-timeout' in json.loads(raw)['error']['message']
+
+
+def test_a_client_that_disconnects_has_its_request_cancelled():
+    flow = StandIn(hold=5)
+    app, _ = routes(flow)
+    started = time.perf_counter()
+    request(app, 'POST', '/v1/embeddings', json.dumps({'input': ['a']}).encode(), leave_after=0.2)
+    assert time.perf_counter() - started < 3 and flow.cancelled == 1

@@ -11,16 +11,18 @@ import pytest
 if not os.environ.get('CI'):  # CI installs the test extra, which has openvino: there a missing one fails
     # (through clipserve's module, which imports OpenVINO without its telemetry)
     pytest.importorskip(
-        'clipserve.backends.openvino_runtime', reason='openvino is not installed (pip install -e ".[openvino]")'
+        'clipserve.backends.openvino.runtime', reason='openvino is not installed (pip install -e ".[openvino]")'
     )
 
-from clipserve.backends import BackendOptions, create_backend, openvino_compile, precision
-from clipserve.backends.onnx_export import export_onnx
-from clipserve.backends.openvino_backend import OpenVINOBackend
-from clipserve.backends.openvino_int8 import quantize
+from clipserve.backends import BackendOptions, create_backend, int8_check, precision
+from clipserve.backends.cpu_features import cpu_features
+from clipserve.backends.openvino import compile as openvino_compile
+from clipserve.backends.openvino.backend import OpenVINOBackend
+from clipserve.backends.openvino.int8 import quantize
 from clipserve.errors import BackendUnavailableError, WeightsUnavailableError
 from clipserve.models.tokenizer import Tokenizer
 
+from ..compare import assert_close, relative_error
 from ..conftest import TINY
 from ..onnx_helpers import make_clip_as_service_layout
 
@@ -28,10 +30,8 @@ TEXTS = ['a photo of a dog', 'a much longer caption about a dog on a red chair i
 
 
 @pytest.fixture(scope='module')
-def tiny_export(tmp_path_factory):
-    out = tmp_path_factory.mktemp('tiny-onnx')
-    export_onnx(TINY, out)
-    return out
+def tiny_export(tiny_onnx_export):
+    return tiny_onnx_export
 
 
 def _openvino(folder, **options):
@@ -62,16 +62,17 @@ def _hint(compiled) -> str:
     return compiled.get_property('INFERENCE_PRECISION_HINT').get_type_name()
 
 
+@pytest.mark.precision
 def test_openvino_fp32_equals_torch(tiny_export, tiny_backend):
     backend = _openvino(tiny_export, dtype='fp32')
     tokens = Tokenizer()(TEXTS)
-    image_diff = np.abs(backend.encode_images(_pixels()) - tiny_backend.encode_images(_pixels())).max()
-    text_diff = np.abs(
-        backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-        - tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-    ).max()
+    image_diff = relative_error(backend.encode_images(_pixels()), tiny_backend.encode_images(_pixels()))
+    text_diff = relative_error(
+        backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+        tiny_backend.encode_texts(tokens.input_ids, tokens.attention_mask),
+    )
     print(f'\nopenvino fp32 vs torch ({TINY}): images {image_diff:.2e}, texts {text_diff:.2e}')
-    assert image_diff < 1e-4 and text_diff < 1e-4
+    assert image_diff < 1e-5 and text_diff < 1e-5
     assert (backend.name, backend.device, backend.dtype, backend.embed_dim) == ('openvino', 'cpu', 'fp32', 64)
     assert backend.trims_padding and backend.model_name == TINY and backend.image_size == 224
     assert (_hint(backend._visual), _hint(backend._textual)) == ('f32', 'f32')  # never OpenVINO's own bf16
@@ -83,11 +84,10 @@ def test_clip_as_service_layout(tiny_export, tiny_backend, tmp_path):
     assert not backend.trims_padding and backend.context_length == 77  # int32 ids of a fixed length
     assert backend.embed_dim == 64 and backend.image_size == 224
     tokens = Tokenizer()(TEXTS)
-    np.testing.assert_allclose(
-        backend.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids), atol=1e-4
-    )
+    assert_close(backend.encode_texts(tokens.input_ids), tiny_backend.encode_texts(tokens.input_ids), rel=1e-4)
 
 
+@pytest.mark.precision
 def test_auto_follows_the_cpu_bf16_detection_both_ways(tiny_export, forced_bf16):
     forced_bf16('0')
     backend = _openvino(tiny_export)
@@ -116,8 +116,15 @@ def backend_capabilities() -> list:
     return list(ov.Core().get_property('CPU', 'OPTIMIZATION_CAPABILITIES'))
 
 
-def test_int8_quantizes_the_matmul_weights_and_stays_close_to_fp32(tiny_export):
+@pytest.mark.precision
+def test_int8_quantizes_the_matmul_weights_and_stays_close_to_fp32(tiny_export, monkeypatch):
+    monkeypatch.delenv(int8_check.FORCE_ENV, raising=False)
+    if not cpu_features().int8_dot:  # an AVX2 CPU: OpenVINO would compute int8 weights in fp32, no faster
+        with pytest.raises(BackendUnavailableError, match='without int8 dot-product instructions'):
+            _openvino(tiny_export, dtype='int8')
+        monkeypatch.setenv(int8_check.FORCE_ENV, '1')
     fp32, int8 = _openvino(tiny_export, dtype='fp32'), _openvino(tiny_export, dtype='int8')
+    assert int8.int8_report.batch_cosine_min > int8_check.MIN_BATCH_COSINE
     assert int8.dtype == 'int8' and (_hint(int8._visual), _hint(int8._textual)) == ('f32', 'f32')
     tokens = Tokenizer()(TEXTS)
     texts = _cosine(int8.encode_texts(tokens.input_ids), fp32.encode_texts(tokens.input_ids))
@@ -231,10 +238,10 @@ def test_an_absent_intel_gpu_fails_at_start_never_on_the_cpu(tiny_export):
 
 def test_missing_openvino_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, 'openvino', None)  # `import openvino` now fails, as when not installed
-    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino_backend', raising=False)
-    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino_compile', raising=False)
-    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino_int8', raising=False)
-    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino_runtime', raising=False)
+    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino.backend', raising=False)
+    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino.compile', raising=False)
+    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino.int8', raising=False)
+    monkeypatch.delitem(sys.modules, 'clipserve.backends.openvino.runtime', raising=False)
     with pytest.raises(
         BackendUnavailableError, match=r'install the openvino extra: pip install "clipserve\[openvino\]"'
     ):
@@ -272,3 +279,16 @@ def test_openvino_replica_imports_neither_torch_nor_onnxruntime_nor_openvinos_te
     env = {k: v for k, v in os.environ.items() if k not in ('CI', 'JINA_MP_START_METHOD')} | {'HOME': str(tmp_path)}
     subprocess.run([sys.executable, '-c', code], check=True, env=env)
     assert not (tmp_path / 'intel').exists()  # where openvino-telemetry keeps its client id
+
+
+@pytest.mark.precision
+def test_int8_is_refused_on_a_cpu_without_int8_dot_products_unless_forced(tiny_export, monkeypatch):
+    from clipserve.backends import cpu_features as features
+
+    avx2 = features.combine({'avx2', 'fma'}, None, 'x86_64')
+    monkeypatch.setattr(int8_check, 'cpu_features', lambda: avx2)
+    monkeypatch.delenv(int8_check.FORCE_ENV, raising=False)
+    with pytest.raises(BackendUnavailableError, match='without int8 dot-product instructions.*CLIPSERVE_INT8_FORCE'):
+        _openvino(tiny_export, dtype='int8')
+    monkeypatch.setenv(int8_check.FORCE_ENV, '1')
+    assert _openvino(tiny_export, dtype='int8').dtype == 'int8'

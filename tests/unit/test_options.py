@@ -1,7 +1,7 @@
 import pytest
 
+from clipserve.config.parameters import check_int, env_or_default, request_options
 from clipserve.errors import InvalidParameterError
-from clipserve.options import check_int, env_or_default, request_options
 
 
 def test_defaults_and_overrides():
@@ -49,7 +49,7 @@ def test_unexpanded_env_placeholders_fall_back():
 def test_thread_budget_splits_cores_between_replicas(monkeypatch):
     import os
 
-    from clipserve.executor_base import thread_budget
+    from clipserve.serving.executors import thread_budget
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     cores = len(os.sched_getaffinity(0))

@@ -2,15 +2,17 @@
 
 import pytest
 
+from clipserve.backends.cpu_features import combine, cpu_features, read_cpuinfo_flags
 from clipserve.backends.precision import (
     CPU_BF16_ENV,
     PRECISIONS,
-    _read_cpu_flags,
     detect_cpu_bf16,
     resolve_dtype,
     resolve_precision,
 )
 from clipserve.errors import BackendUnavailableError
+
+pytestmark = pytest.mark.precision
 
 
 @pytest.mark.parametrize(
@@ -107,9 +109,31 @@ def test_detection_can_be_forced_either_way():
     assert 'forced off' in detect_cpu_bf16({CPU_BF16_ENV: '0'}, {'avx512_bf16'})[1]
 
 
-def test_this_machines_flags_are_read():
-    flags = _read_cpu_flags()
-    if flags is None:
-        pytest.skip('no /proc/cpuinfo flags line on this machine')
-    native, _ = detect_cpu_bf16({}, flags)
-    assert native == any(f in flags for f in ('avx512_bf16', 'amx_bf16'))
+def test_this_machines_features_come_from_cpuid_and_agree_with_the_bf16_choice():
+    features = cpu_features()
+    assert features.readable and features.kind != 'unknown'
+    native, _ = detect_cpu_bf16({}, set(features.flags))
+    assert native == bool(features.native_bf16)
+    cpuinfo = read_cpuinfo_flags()
+    if cpuinfo is not None and 'avx2' in cpuinfo and 'avx2' not in features.flags:
+        assert 'avx512f' not in features.flags  # an emulated older CPU: CPUID wins over the host's cpuinfo
+
+
+@pytest.mark.parametrize(
+    'cpuid, cpuinfo, kind, bf16',
+    [
+        ({'avx2', 'fma'}, {'avx2', 'fma'}, 'avx2', False),
+        ({'avx2', 'fma', 'avx512f', 'avx512_vnni'}, None, 'avx512-vnni', False),
+        ({'avx2', 'fma', 'avx512f', 'avx512_bf16'}, set(), 'avx512-bf16', True),
+        ({'avx2', 'fma', 'avx512f'}, {'amx_bf16', 'amx_tile'}, 'avx512-bf16', True),  # AMX: only from cpuinfo
+        # qemu -cpu Haswell on an AMX host: CPUID says AVX2, /proc/cpuinfo still the host's: no AMX, no bf16
+        ({'avx2', 'fma'}, {'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'avx_vnni'}, 'avx2', False),
+        (None, None, 'unknown', False),
+    ],
+)
+def test_features_trust_cpuid_and_take_from_cpuinfo_only_what_it_confirms(cpuid, cpuinfo, kind, bf16):
+    features = combine(cpuid, cpuinfo, 'x86_64')
+    assert features.kind == kind and bool(features.native_bf16) is bf16
+    if kind == 'avx2':
+        assert not features.int8_dot  # nor the host's AVX-VNNI: the emulated CPU has none
+    assert kind in features.describe()

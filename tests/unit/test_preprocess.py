@@ -17,7 +17,6 @@ import pytest
 from PIL import Image
 
 from clipserve.models import preprocess as pp
-from clipserve.models import resample
 from clipserve.models.preprocess import (
     OPENAI_MEAN,
     OPENAI_STD,
@@ -29,67 +28,26 @@ from clipserve.models.preprocess import (
     preprocess_image,
 )
 
+from .images import encode_image, i16_png, noise_pixels, noise_rgb, noise_rgba, palette_png
 from .standalone_imports import third_party_imports
 
 TOLERANCE = 1e-5
 OTHER_MEAN, OTHER_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
 
-# ---------------------------------------------------------------------------
-# image factories
-
-
-def _pixels(width, height, channels=3, seed=0):
-    """Gradient plus noise, uint8 HxWxC."""
-    rng = np.random.default_rng(seed)
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-    ramps = [
-        xs * 255 / max(width - 1, 1),
-        ys * 255 / max(height - 1, 1),
-        (xs + ys) * 127 / max(width + height - 2, 1),
-    ]
-    base = np.stack([ramps[c % 3] for c in range(channels)], axis=-1)
-    return np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
-
-
-def _encode(image, fmt, **kwargs):
-    buf = io.BytesIO()
-    image.save(buf, format=fmt, **kwargs)
-    return buf.getvalue()
-
-
-def _rgb(width, height, seed=0):
-    return Image.fromarray(_pixels(width, height, 3, seed))
-
-
-def _rgba(width, height):
-    pixels = _pixels(width, height, 4, seed=1)
-    pixels[:, : width // 4, 3] = 0  # fully transparent stripe: colour under alpha 0 must still match
-    return Image.fromarray(pixels)
-
-
-def _palette_png(width, height):
-    return _encode(_rgb(width, height, 2).quantize(64), 'PNG', transparency=0)
-
-
-def _i16_png(width, height):
-    ramp = _pixels(width, height, 1, seed=3)[:, :, 0].astype(np.uint16) * 257
-    return _encode(Image.fromarray(ramp), 'PNG')
-
-
 PARITY_CASES = {
-    'rgb_jpeg': lambda: _encode(_rgb(640, 480), 'JPEG', quality=90),
-    'rgb_png_portrait': lambda: _encode(_rgb(333, 500, 4), 'PNG'),
-    'rgba_png': lambda: _encode(_rgba(300, 200), 'PNG'),
-    'palette_png_transparency': lambda: _palette_png(257, 190),
-    'grayscale_png': lambda: _encode(_rgb(301, 451, 5).convert('L'), 'PNG'),
-    'la_png': lambda: _encode(_rgba(211, 150).convert('LA'), 'PNG'),
-    'cmyk_jpeg': lambda: _encode(_rgb(320, 240, 6).convert('CMYK'), 'JPEG', quality=90),
-    '1x1_png': lambda: _encode(_rgb(1, 1, 7), 'PNG'),
-    'wide_2000x10_png': lambda: _encode(_rgb(2000, 10, 8), 'PNG'),
-    'tall_10x2000_png': lambda: _encode(_rgb(10, 2000, 9), 'PNG'),
-    'wide_rgba_1500x9_png': lambda: _encode(_rgba(1500, 9), 'PNG'),
-    'i16_png': lambda: _i16_png(200, 150),
+    'rgb_jpeg': lambda: encode_image(noise_rgb(640, 480), 'JPEG', quality=90),
+    'rgb_png_portrait': lambda: encode_image(noise_rgb(333, 500, 4), 'PNG'),
+    'rgba_png': lambda: encode_image(noise_rgba(300, 200), 'PNG'),
+    'palette_png_transparency': lambda: palette_png(257, 190),
+    'grayscale_png': lambda: encode_image(noise_rgb(301, 451, 5).convert('L'), 'PNG'),
+    'la_png': lambda: encode_image(noise_rgba(211, 150).convert('LA'), 'PNG'),
+    'cmyk_jpeg': lambda: encode_image(noise_rgb(320, 240, 6).convert('CMYK'), 'JPEG', quality=90),
+    '1x1_png': lambda: encode_image(noise_rgb(1, 1, 7), 'PNG'),
+    'wide_2000x10_png': lambda: encode_image(noise_rgb(2000, 10, 8), 'PNG'),
+    'tall_10x2000_png': lambda: encode_image(noise_rgb(10, 2000, 9), 'PNG'),
+    'wide_rgba_1500x9_png': lambda: encode_image(noise_rgba(1500, 9), 'PNG'),
+    'i16_png': lambda: i16_png(200, 150),
 }
 
 
@@ -157,7 +115,7 @@ def test_parity_squash(case):
 @pytest.mark.parametrize('width, height', [(20000, 100), (300, 30000), (100, 20000)])
 def test_parity_memory_guard_sizes(width, height):
     """Elongated images take the windowed path (both pass orders); still open_clip's numbers."""
-    image = _rgb(width, height, seed=11)
+    image = noise_rgb(width, height, seed=11)
     new_size = pp._shortest_side_size(width, height, 224)
     assert pp._plain_resize_pixels(width, height, *new_size) > pp._PLAIN_RESIZE_MAX_PIXELS
     ref = _open_clip_reference(image, 224)
@@ -183,7 +141,7 @@ def test_from_open_clip_config_matches_open_clip():
         OTHER_STD,
         'bilinear',
     )
-    image = _rgb(500, 350, 12)
+    image = noise_rgb(500, 350, 12)
     ref = image_transform_v2(PreprocessCfg(**cfg), is_train=False)(image).numpy()
     assert _report('from_open_clip 288 bilinear', preprocess_image(image, config), ref) <= TOLERANCE
 
@@ -203,69 +161,12 @@ def test_from_open_clip_defaults_and_rejections():
 
 
 # ---------------------------------------------------------------------------
-# the windowed (memory-guard) resize itself
-
-
-def test_windowed_resize_is_byte_exact_against_pillow():
-    """Pillow's resize + crop vs our window-only transcription, across modes, sizes and filters."""
-    rule = resample.calibrated_pass_order()
-    print(f'\n[preprocess] pass-order rule for Pillow {Image.__version__}: {getattr(rule, "__name__", None)}')
-    assert rule is not None, 'windowed resize disagrees with this Pillow; the memory guard is off'
-    sizes = [
-        (2, 3),
-        (7, 5),
-        (225, 224),
-        (640, 480),
-        (386, 923),
-        (923, 386),
-        (1023, 17),
-        (17, 1023),
-        (2000, 10),
-        (3000, 40),
-        (40, 3000),
-        (263, 1220),
-    ]
-    mismatches, cases = [], 0
-    for width, height in sizes:
-        base = _pixels(width, height, 4, seed=width + height)
-        base[:, : max(width // 4, 1), 3] = 0
-        for mode in ('RGB', 'RGBA', 'L', 'LA', 'CMYK'):
-            image = Image.fromarray(base).convert(mode) if mode != 'RGBA' else Image.fromarray(base)
-            for size in (224, 288):
-                new_size = pp._shortest_side_size(width, height, size)
-                crop = pp._center_crop_box(*new_size, size)
-                for interpolation in ('bicubic', 'bilinear'):
-                    cases += 1
-                    want = np.asarray(image.resize(new_size, resample.RESAMPLE[interpolation]).crop(crop))
-                    got = np.asarray(resample.resize_crop_exact(image, new_size, crop, interpolation, rule))
-                    if not np.array_equal(want, got):
-                        mismatches.append((width, height, mode, size, interpolation))
-    print(f'[preprocess] windowed resize vs Pillow: {cases} cases, {len(mismatches)} with any byte different')
-    assert not mismatches
-
-
-def test_memory_guard_never_resizes_the_whole_image(monkeypatch):
-    produced = []
-    real_resize = Image.Image.resize
-
-    def spy(self, size, *args, **kwargs):
-        produced.append(tuple(size))
-        return real_resize(self, size, *args, **kwargs)
-
-    resample.calibrated_pass_order()  # calibration resizes small probes; keep them out of the record
-    monkeypatch.setattr(Image.Image, 'resize', spy)
-    out = preprocess_image(_rgb(20000, 100, 13), PreprocessConfig())
-    assert out.shape == (3, 224, 224)
-    assert all(w * h <= 224 * 224 for w, h in produced), produced
-
-
-# ---------------------------------------------------------------------------
 # decoding: errors and limits
 
 
 def _png_with_declared_size(width, height):
     """A tiny valid PNG whose IHDR claims another size (CRC fixed), like a decompression bomb."""
-    data = bytearray(_encode(Image.new('L', (8, 8)), 'PNG'))
+    data = bytearray(encode_image(Image.new('L', (8, 8)), 'PNG'))
     ihdr = 8  # chunk: length(4) type(4) data(13) crc(4)
     struct.pack_into('>II', data, ihdr + 8, width, height)
     struct.pack_into('>I', data, ihdr + 8 + 13, zlib.crc32(bytes(data[ihdr + 4 : ihdr + 8 + 13])) & 0xFFFFFFFF)
@@ -277,11 +178,11 @@ def _png_with_declared_size(width, height):
     [
         (b'', 'empty image data'),
         (np.random.default_rng(0).bytes(4096), 'not an image Pillow can decode'),
-        (_encode(_rgb(200, 150), 'JPEG')[:1500], 'truncated or corrupt'),
-        (_encode(_rgb(200, 150), 'PNG')[:3000], 'truncated or corrupt'),
+        (encode_image(noise_rgb(200, 150), 'JPEG')[:1500], 'truncated or corrupt'),
+        (encode_image(noise_rgb(200, 150), 'PNG')[:3000], 'truncated or corrupt'),
         (_png_with_declared_size(30000, 30000), 'too large'),
         (_png_with_declared_size(10000, 6000), '10000x6000 = 60000000 pixels, over the limit of 50000000'),
-        (_encode(_rgb(2010, 10), 'PNG'), 'aspect ratio 201.0 is over the limit of 200'),
+        (encode_image(noise_rgb(2010, 10), 'PNG'), 'aspect ratio 201.0 is over the limit of 200'),
     ],
     ids=['empty', 'random', 'truncated_jpeg', 'truncated_png', 'bomb_30000', 'over_max_pixels', 'over_aspect'],
 )
@@ -291,14 +192,14 @@ def test_bad_bytes_raise_image_error(data, reason):
 
 
 def test_limits_follow_the_config():
-    data = _encode(_rgb(100, 50), 'PNG')
+    data = encode_image(noise_rgb(100, 50), 'PNG')
     assert preprocess_bytes(data, PreprocessConfig()).shape == (3, 224, 224)
     with pytest.raises(ImageError, match='over the limit of 4999'):
         open_image(data, PreprocessConfig(max_pixels=4999))
     with pytest.raises(ImageError, match='aspect ratio 2.0'):
         open_image(data, PreprocessConfig(max_aspect_ratio=1.5))
     with pytest.raises(ImageError, match='over the limit'):
-        preprocess_image(_rgb(100, 50), PreprocessConfig(max_pixels=4999))
+        preprocess_image(noise_rgb(100, 50), PreprocessConfig(max_pixels=4999))
     with pytest.raises(ImageError, match='bytes'):
         open_image('not bytes', PreprocessConfig())
 
@@ -306,7 +207,7 @@ def test_limits_follow_the_config():
 def test_jpeg_draft_decodes_smaller_but_close():
     """Opt-in draft mode: libjpeg decodes at the smallest 1/2^k scale that still covers the resize
     target, so the pixels are close to, not identical with, open_clip's."""
-    data = _encode(_rgb(1280, 960), 'JPEG', quality=92)
+    data = encode_image(noise_rgb(1280, 960), 'JPEG', quality=92)
     exact, draft = PreprocessConfig(), PreprocessConfig(jpeg_draft=True)
     assert open_image(data, exact).size == (1280, 960)
     assert open_image(data, draft).size == (320, 240)  # 1/4 scale: 240 still covers 224
@@ -318,9 +219,9 @@ def test_jpeg_draft_decodes_smaller_but_close():
 
 
 def test_jpeg_draft_leaves_other_formats_and_small_jpegs_exact():
-    png = _encode(_rgb(1280, 960), 'PNG')
-    small = _encode(_rgb(300, 240), 'JPEG', quality=92)  # half scale would fall below 224
-    cmyk = _encode(Image.fromarray(_pixels(900, 700, 4)).convert('CMYK'), 'JPEG')
+    png = encode_image(noise_rgb(1280, 960), 'PNG')
+    small = encode_image(noise_rgb(300, 240), 'JPEG', quality=92)  # half scale would fall below 224
+    cmyk = encode_image(Image.fromarray(noise_pixels(900, 700, 4)).convert('CMYK'), 'JPEG')
     draft = PreprocessConfig(jpeg_draft=True)
     for data in (png, small):
         np.testing.assert_array_equal(preprocess_bytes(data, draft), preprocess_bytes(data, PreprocessConfig()))
@@ -333,7 +234,7 @@ def test_exif_orientation_is_applied():
     pixels[:, 20:] = (0, 0, 255)  # right half blue
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
-    data = _encode(Image.fromarray(pixels), 'JPEG', exif=exif, quality=95)
+    data = encode_image(Image.fromarray(pixels), 'JPEG', exif=exif, quality=95)
     image = open_image(data, PreprocessConfig())
     assert image.size == (20, 40)
     top, bottom = image.convert('RGB').getpixel((10, 5)), image.convert('RGB').getpixel((10, 34))
@@ -343,7 +244,7 @@ def test_exif_orientation_is_applied():
 
 def test_animated_gif_uses_first_frame():
     frames = [Image.new('RGB', (32, 24), colour) for colour in ((255, 0, 0), (0, 0, 255), (0, 255, 0))]
-    data = _encode(frames[0], 'GIF', save_all=True, append_images=frames[1:], duration=50, loop=0)
+    data = encode_image(frames[0], 'GIF', save_all=True, append_images=frames[1:], duration=50, loop=0)
     image = open_image(data, PreprocessConfig())
     assert image.convert('RGB').getpixel((5, 5)) == (255, 0, 0)
     ref = _open_clip_reference(Image.open(io.BytesIO(data)), 224)
@@ -370,7 +271,7 @@ def test_uint8_tensor_matches_docarray_blob(shape):
 
 def test_float_and_wide_int_tensors():
     config = PreprocessConfig()
-    pixels = _pixels(40, 30)
+    pixels = noise_pixels(40, 30)
     want = np.asarray(image_from_array(pixels, config))
     assert np.array_equal(np.asarray(image_from_array(pixels / 255.0, config)), want)
     assert np.array_equal(np.asarray(image_from_array(pixels.astype(np.float32), config)), want)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from clipserve import ranking
+from clipserve.engine import ranking
 
 
 def test_cosine_matches_docarray_v1_formula():
@@ -58,7 +58,7 @@ def test_single_match_gets_probability_one():
 
 
 def test_sigmoid_scores_are_siglips_probability_per_pair():
-    from clipserve.ranking import sigmoid_scores
+    from clipserve.engine.ranking import sigmoid_scores
 
     cosines = np.array([0.5, 0.0, -0.2])
     got = sigmoid_scores(cosines, logit_scale=10.0, logit_bias=-3.0)

@@ -6,9 +6,11 @@ import asyncio
 import grpc
 import pytest
 
+from clipserve.config.settings import EXECUTOR_SETTINGS, read_setting
 from clipserve.errors import InvalidParameterError
-from clipserve.readiness import FlowReadiness, grpc_addresses, judge_reports
-from clipserve.settings import shutdown_seconds
+from clipserve.serving.readiness import FlowReadiness, grpc_addresses, judge_reports
+
+GRACE = next(s for s in EXECUTOR_SETTINGS if s.name == 'shutdown_grace')
 
 
 def test_deployment_addresses_in_both_of_jinas_shapes():
@@ -75,10 +77,10 @@ def test_a_ready_copy_that_is_only_slow_stays_ready_for_the_allowance_but_a_refu
     ],
 )
 def test_shutdown_grace_from_argument_then_environment(configured, environ, seconds):
-    assert shutdown_seconds(configured, environ) == seconds
+    assert read_setting(GRACE, configured, environ) == seconds
 
 
 @pytest.mark.parametrize('bad', [-1, 'soon', float('nan')])
 def test_a_bad_shutdown_grace_is_a_clear_error(bad):
     with pytest.raises(InvalidParameterError, match='shutdown_grace'):
-        shutdown_seconds(bad, {})
+        read_setting(GRACE, bad, {})

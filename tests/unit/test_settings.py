@@ -1,45 +1,91 @@
-"""An executor's constructor arguments, checked once into a settings record (no Jina, no model)."""
+"""Every executor setting from each source: an argument (YAML `with:`, `uses_with`, `--uses-with`: native
+values or strings), its environment variable, its default; lists from comma-separated strings; every number
+checked (finite, in range); every wrong value an error naming the setting."""
+
+import inspect
+import math
 
 import pytest
 
+from clipserve.config.settings import EXECUTOR_SETTINGS, Setting, convert, executor_settings, read_setting
 from clipserve.errors import InvalidParameterError
-from clipserve.settings import executor_settings, shutdown_seconds
+
+SETTINGS = {s.name: s for s in EXECUTOR_SETTINGS}
+
+# a value other than the default for each setting, as (native, as a string)
+SAMPLES = {
+    'str': ('ViT-B-16::openai', 'ViT-B-16::openai'),
+    'int': (7, '7'),
+    'float': (2.5, '2.5'),
+    'bool': (True, 'true'),
+    'list': (('a.example', 'b.example'), 'a.example, b.example'),
+    'choice': ('onnx', 'onnx'),
+}
 
 
-def test_defaults_and_unset_flow_variables_mean_the_default():
-    plain = executor_settings()
-    from_yaml = executor_settings(
-        name='$CLIPSERVE_MODEL',
-        device='$CLIPSERVE_DEVICE',
-        dtype='',
-        backend='$CLIPSERVE_BACKEND',
-        model_path='$CLIPSERVE_MODEL_PATH',
-    )
-    assert plain == from_yaml
-    assert (plain.name, plain.backend, plain.device, plain.minibatch_size, plain.batch_requests) == (
-        'ViT-B-32::openai',
-        'torch',
-        None,
-        32,
-        None,
-    )
-    assert plain.uri_policy.allow_local_files is False and plain.uri_policy.allow_remote is False
-    assert plain.shutdown_grace == 30.0 and plain.served_models == () and plain.warnings == ()
+def sample(setting: Setting):
+    native, text = SAMPLES[setting.kind]
+    if setting.kind == 'bool' and setting.default is True:
+        return False, 'false'
+    if setting.name == 'access_paths':
+        return '@c', '@c'
+    return native, text
 
 
-def test_values_from_yaml_strings_are_read_as_their_types():
-    settings = executor_settings(
-        minibatch_size='8',
-        jpeg_draft='true',
-        batch_requests='false',
-        batch_wait_ms='2',
-        allow_remote_uris='true',
-        remote_allowed_hosts=['10.0.0.0/8'],
-        served_models=['a', 'b'],
-    )
-    assert settings.minibatch_size == 8 and settings.jpeg_draft is True and settings.batch_requests is False
-    assert settings.batch_wait_seconds == 0.002 and settings.uri_policy.allowed_hosts == ('10.0.0.0/8',)
-    assert settings.served_models == ('a', 'b')
+@pytest.mark.parametrize('setting', EXECUTOR_SETTINGS, ids=lambda s: s.name)
+def test_each_setting_from_each_source(setting):
+    native, text = sample(setting)
+    variable = setting.variable
+    assert read_setting(setting, None, {}) == setting.default  # nothing given
+    assert read_setting(setting, native, {}) == native  # uses_with / --uses-with JSON
+    assert read_setting(setting, text, {}) == native  # a YAML or command-line string
+    assert read_setting(setting, None, {variable: text}) == native  # the environment variable
+    assert read_setting(setting, f'${variable}', {variable: text}) == native  # `${{ ENV.X }}` left unexpanded
+    assert read_setting(setting, native, {variable: 'ignored'}) == native  # the argument wins
+    assert read_setting(setting, '', {}) == setting.default
+
+
+@pytest.mark.parametrize('setting', [s for s in EXECUTOR_SETTINGS if s.kind in ('int', 'float')], ids=lambda s: s.name)
+def test_every_number_is_checked(setting):
+    for bad in ('nan', float('nan'), 'inf', math.inf, 'many', -1, True, [3]):
+        with pytest.raises(InvalidParameterError, match=setting.name):
+            convert(setting, bad)
+    if setting.kind == 'int':
+        with pytest.raises(InvalidParameterError, match='integer'):
+            convert(setting, 2.5)
+    with pytest.raises(InvalidParameterError, match=setting.variable):  # the source is named
+        read_setting(setting, None, {setting.variable: 'nan'})
+
+
+@pytest.mark.parametrize('setting', [s for s in EXECUTOR_SETTINGS if s.kind == 'list'], ids=lambda s: s.name)
+def test_a_list_given_as_one_string_is_a_comma_separated_list(setting):
+    assert convert(setting, 'ViT-B-32::openai') == ('ViT-B-32::openai',)  # never split into characters
+    assert convert(setting, 'a, b,,c ') == ('a', 'b', 'c')
+    assert convert(setting, ['a', ' b ']) == ('a', 'b')
+    with pytest.raises(InvalidParameterError, match=setting.name):
+        convert(setting, {'a': 1})
+
+
+@pytest.mark.parametrize(
+    'setting', [s for s in EXECUTOR_SETTINGS if s.kind in ('bool', 'choice')], ids=lambda s: s.name
+)
+def test_a_wrong_boolean_or_choice_names_the_setting(setting):
+    with pytest.raises(InvalidParameterError, match=setting.name):
+        convert(setting, 'sometimes')
+
+
+def test_every_setting_is_described_and_has_a_variable_and_an_executor_argument():
+    from clipserve.serving.executors import CLIPExecutorBase
+
+    arguments = set(inspect.signature(CLIPExecutorBase.__init__).parameters) - {'self', 'kwargs'}
+    assert arguments == set(SETTINGS) | {'traversal_paths'}
+    for setting in EXECUTOR_SETTINGS:
+        assert setting.description.strip() and setting.variable.startswith('CLIPSERVE_')
+
+
+def test_unknown_arguments_are_refused():
+    with pytest.raises(InvalidParameterError, match='minibatch'):
+        executor_settings(minibatchsize=4)
 
 
 def test_the_deprecated_name_still_works_and_says_so():
@@ -47,59 +93,16 @@ def test_the_deprecated_name_still_works_and_says_so():
     assert settings.access_paths == '@c' and 'deprecated' in settings.warnings[0]
 
 
-@pytest.mark.parametrize(
-    'arguments, named',
-    [
-        ({'backend': 'tensorflow'}, 'backend'),
-        ({'minibatch_size': 0}, 'minibatch_size'),
-        ({'max_image_pixels': 'many'}, 'max_image_pixels'),
-        ({'jpeg_draft': 'maybe'}, 'jpeg_draft'),
-        ({'access_paths': ''}, 'access_paths'),
-        ({'remote_timeout': 'soon'}, 'remote_timeout'),
-        ({'shutdown_grace': -1}, 'shutdown_grace'),
-        ({'batch_requests': 'sometimes'}, 'batch_requests'),
-    ],
-)
-def test_a_bad_argument_is_an_error_naming_it(arguments, named):
-    with pytest.raises(InvalidParameterError, match=named):
-        executor_settings(**arguments)
-
-
-def test_shutdown_grace_from_the_environment_unless_given():
-    assert shutdown_seconds(None, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}) == 5.0
-    assert shutdown_seconds(0, {'CLIPSERVE_SHUTDOWN_GRACE': '5'}) == 0.0
-
-
-def test_the_settings_take_exactly_the_executors_arguments_with_the_same_defaults():
-    import inspect
-
-    from clipserve.executor_base import CLIPExecutorBase
-
-    executor = {
-        k: p.default
-        for k, p in inspect.signature(CLIPExecutorBase.__init__).parameters.items()
-        if k not in ('self', 'kwargs')
-    }
-    settings = {k: p.default for k, p in inspect.signature(executor_settings).parameters.items()}
-    assert executor == settings
-
-
-def test_the_model_name_is_parsed_once_and_a_bad_one_is_an_error_before_any_loading():
-    settings = executor_settings(name='ViT-B/32')
-    assert settings.name == 'ViT-B/32' and str(settings.model) == 'ViT-B-32::openai'
-    from clipserve.models.names import parse_model_name
-
-    assert parse_model_name(settings.model) is settings.model  # passed down, not parsed again
-    with pytest.raises(InvalidParameterError, match='name'):
-        executor_settings(name='::openai')
-
-
-def test_the_loading_opt_ins_are_off_unless_given():
-    plain = executor_settings(trust_remote_code='$CLIPSERVE_TRUST_REMOTE_CODE', truncate_dim='$CLIPSERVE_TRUNCATE_DIM')
-    assert plain.trust_remote_code is False and plain.truncate_dim is None
-    given = executor_settings(trust_remote_code='true', truncate_dim='256')
-    assert given.trust_remote_code is True and given.truncate_dim == 256
-    with pytest.raises(InvalidParameterError, match='trust_remote_code'):
-        executor_settings(trust_remote_code='yes please')
-    with pytest.raises(InvalidParameterError, match='truncate_dim'):
-        executor_settings(truncate_dim=0)
+def test_the_defaults_and_a_yaml_without_variables_set_agree():
+    plain = executor_settings(environ={})
+    from_yaml = executor_settings(
+        environ={}, name='$CLIPSERVE_MODEL', device='$CLIPSERVE_DEVICE', dtype='', backend='$CLIPSERVE_BACKEND'
+    )
+    assert plain == from_yaml
+    assert (plain.name, plain.backend, plain.minibatch_size, plain.batch_requests) == (
+        'ViT-B-32::openai',
+        'torch',
+        32,
+        True,
+    )
+    assert plain.allow_local_files is False and plain.allow_remote_uris is False and plain.shutdown_grace == 30.0

@@ -1,8 +1,6 @@
 """The torch-free tokenizer must give exactly open_clip's tokens, fast, for any str."""
 
-import html
 import random
-import re
 import subprocess
 import sys
 
@@ -10,11 +8,11 @@ import ftfy
 import numpy as np
 import pytest
 
-from clipserve.models import text_cleaning
 from clipserve.models import tokenizer as tk
 from clipserve.models.tokenizer import DEFAULT_CONTEXT_LENGTH, TokenBatch, Tokenizer
 
 from .standalone_imports import third_party_imports
+from .texts import random_text
 
 open_clip = pytest.importorskip('open_clip')
 
@@ -216,106 +214,6 @@ def test_long_texts_match_open_clip(ours, ref, text):
 
 # --- the pieces the prefix processing rests on ----------------------------------------------------
 
-_PIECES = [
-    'a',
-    'b',
-    'word',
-    'CAPS',
-    '123',
-    '...',
-    "'s",
-    ' ',
-    ' ',
-    '\n',
-    '\r',
-    '\r\n',
-    '\t',
-    '\f',
-    '\v',
-    '\x1c',
-    '\x00',
-    '\x1b[31m',
-    '\x1b[',
-    '\x85',
-    '\x93',
-    '\xa0',
-    '\u3000',
-    '\u2028',
-    '\ufeff',
-    '\u200d',
-    '\ufe0f',
-    '\ud83d',
-    '\ude00',
-    '&amp;',
-    '&amp',
-    '&amp;amp;',
-    '&#32;',
-    '&#x20',
-    '&#13;',
-    '&#10;',
-    '&Tab;',
-    '&NewLine;',
-    '&lt;',
-    '&lt',
-    '<',
-    '&nbsp;',
-    '&eacute;',
-    '&EACUTE;',
-    '&Atilde;&copy;',
-    '&#x1F600;',
-    '&#55357;',
-    '&#128;',
-    '&#x85;',
-    '&foo;',
-    '<start_of_text>',
-    'é',
-    'Ã©',
-    'Ã',
-    '©',
-    'Â ',
-    'Ø©',
-    '×²',
-    'ГўВЂВ',
-    'вЂ',
-    'ﬁ',
-    'Ａ',
-    '“',
-    '’',
-    'e\u0301',
-    '\u0301',
-    'Σ',
-    'ΑΣ',
-    'İ',
-    '一',
-    '😂',
-]
-
-
-def _random_text(rng, size):
-    return ''.join(rng.choice(_PIECES) for _ in range(size))
-
-
-def _reference_clean(text, **ftfy_options):
-    text = html.unescape(html.unescape(ftfy.fix_text(text, **ftfy_options))).strip()
-    return ' '.join(text.split()).strip().lower()
-
-
-def test_cleaning_matches_open_clip_on_random_text():
-    rng = random.Random(1)
-    for _ in range(600):
-        text = _random_text(rng, rng.randint(0, 60))
-        assert text_cleaning.clean_text(text) == _reference_clean(text), repr(text)
-
-
-@pytest.mark.parametrize('segment', [5, 17])
-def test_cleaning_follows_ftfys_cut_of_long_lines(monkeypatch, segment):
-    """ftfy cuts lines longer than max_decode_length; shrink it on both sides to see that we cut alike."""
-    monkeypatch.setattr(text_cleaning, '_SEGMENT_LEN', segment)
-    rng = random.Random(segment)
-    for _ in range(300):
-        text = _random_text(rng, rng.randint(0, 60))
-        assert text_cleaning.clean_text(text) == _reference_clean(text, max_decode_length=segment), repr(text)
-
 
 def test_prefixes_and_windows_match_the_whole_text(ours, ref, monkeypatch):
     """With tiny prefixes and windows, every cut the tokenizer makes is exercised on short texts."""
@@ -324,7 +222,7 @@ def test_prefixes_and_windows_match_the_whole_text(ours, ref, monkeypatch):
     monkeypatch.setattr(tk, '_FIRST_WINDOW', 3)
     rng = random.Random(2)
     runs = ['a', 'ab', '😂', '-', '一', 'aab', '😂😍', '!', 'xyzzy', 'é', 'ing']
-    texts = [_random_text(rng, rng.randint(0, 150)) for _ in range(400)]
+    texts = [random_text(rng, rng.randint(0, 150)) for _ in range(400)]
     texts += [rng.choice(runs) * rng.randint(1, 200) for _ in range(100)]
     texts += [''.join(rng.choice(runs) for _ in range(rng.randint(1, 150))) for _ in range(100)]
     for text in texts:
@@ -350,41 +248,6 @@ def test_merges_only_make_pairs_of_higher_rank(ours):
         for part in (left, right):
             assert len(part.removesuffix('</w>')) == 1 or made.get(part, rank) < rank, (left, right)
         made.setdefault(left + right, rank)
-
-
-def test_local_fixers_change_only_the_characters_said():
-    """`_local_fixes` is skipped on text without a `_LOCAL_RE` character: none of its fixers may then act."""
-    untouched = ''.join(
-        chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000 and not text_cleaning._LOCAL_RE.match(chr(c))
-    )
-    for fix in text_cleaning._LOCAL_FIXERS:
-        assert fix(untouched) == untouched, fix.__name__
-
-
-def test_mojibake_anchors_cover_every_pattern():
-    """`_looks_bad` only tries starts within _BADNESS_WIDTH before an anchor: each alternative must need one."""
-    try:
-        from re import _constants as constants
-        from re import _parser as parser
-    except ImportError:  # Python 3.10
-        import sre_constants as constants
-        import sre_parse as parser
-
-    def closed_set(op, arg):
-        if op is constants.LITERAL:
-            return {arg}
-        if op is constants.IN and all(o in (constants.LITERAL, constants.RANGE) for o, _ in arg):
-            return {c for o, a in arg for c in ([a] if o is constants.LITERAL else range(a[0], a[1] + 1))}
-        return None
-
-    (anchors,) = parser.parse(text_cleaning._MOJIBAKE_RE.pattern).data
-    anchor_chars = closed_set(*anchors)
-    tree = parser.parse(text_cleaning._BADNESS_RE.pattern, re.VERBOSE)
-    assert tree.getwidth()[1] <= text_cleaning._BADNESS_WIDTH
-    ((op, (_, branches)),) = tree.data
-    assert op is constants.BRANCH and len(branches) > 30
-    for branch in branches:
-        assert any((chars := closed_set(o, a)) and chars <= anchor_chars for o, a in branch.data), branch.data
 
 
 # --- imports ------------------------------------------------------------------------------------------

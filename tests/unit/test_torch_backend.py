@@ -14,7 +14,9 @@ from clipserve.errors import BackendUnavailableError, UnknownModelError, Weights
 from clipserve.models.preprocess import preprocess_image
 from clipserve.models.tokenizer import Tokenizer
 
+from ..compare import relative_error
 from ..conftest import TINY
+from ..hub import hub_offline
 
 TEXTS = ['a photo of a dog', 'A DIAGRAM of the Moon!', '', 'emoji 🐶🐱 and ünïcödé', 'x ' * 200]
 
@@ -35,16 +37,16 @@ def _reference(backend):
         return backend.model.encode_image(images).numpy(), backend.model.encode_text(texts).numpy()
 
 
-@pytest.mark.parametrize('model', [TINY, 'ViT-B-32::random'])
+@pytest.mark.parametrize('model', [pytest.param(TINY, marks=pytest.mark.precision), 'ViT-B-32::random'])
 def test_embeddings_equal_open_clip(model, tiny_backend):
     backend = tiny_backend if model == TINY else create_backend('torch', model, BackendOptions(device='cpu'))
     ref_images, ref_texts = _reference(backend)
     pixels = np.stack([preprocess_image(im, backend.preprocess) for im in _images()])
     ours_images = backend.encode_images(pixels)
     ours_texts = backend.encode_texts(Tokenizer(backend.context_length)(TEXTS).input_ids)
-    image_diff = np.abs(ours_images - ref_images).max()
-    text_diff = np.abs(ours_texts - ref_texts).max()
-    print(f'\n{model}: max |ours - open_clip| images {image_diff:.2e}, texts {text_diff:.2e}')
+    image_diff = relative_error(ours_images, ref_images)
+    text_diff = relative_error(ours_texts, ref_texts)
+    print(f'\n{model}: |ours - open_clip| / |open_clip| images {image_diff:.2e}, texts {text_diff:.2e}')
     assert ours_images.dtype == np.float32 and ours_texts.dtype == np.float32
     assert image_diff < 1e-5 and text_diff < 1e-5
 
@@ -106,14 +108,14 @@ def test_a_checkpoint_of_the_same_weights_embeds_identically(tmp_path, tiny_back
 def test_a_model_that_cannot_load_in_place_loads_as_open_clip_does(tmp_path, tiny_backend, monkeypatch, caplog):
     """An architecture whose construction does not survive meta parameters (none known, but open_clip
     and timm keep adding models) still loads, the way open_clip does it, with a warning."""
-    from clipserve.models import loading
+    from clipserve.models.families import open_clip as open_clip_family
 
     def refuse(model, checkpoint):
         raise NotImplementedError('Cannot copy out of meta tensor')
 
-    monkeypatch.setattr(loading, '_load_in_place', refuse)
+    monkeypatch.setattr(open_clip_family, '_load_in_place', refuse)
     path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')
-    with caplog.at_level('WARNING', logger='clipserve.models.loading'):
+    with caplog.at_level('WARNING', logger='clipserve.models.families.open_clip'):
         loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu'))
     assert 'loading it as open_clip does' in caplog.text
     pixels = np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32)
@@ -195,7 +197,7 @@ def test_cuda_requested_without_cuda_fails_clearly():
 
 def test_offline_without_cache_fails_at_once_with_guidance(tmp_path, monkeypatch):
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'empty-cache'))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     with pytest.raises(WeightsUnavailableError) as err:
         create_backend('torch', 'ViT-B-32::openai', BackendOptions(device='cpu'))
     message = str(err.value)
@@ -218,7 +220,7 @@ def test_pretrained_tag_loads_offline_from_the_cache(tmp_path, monkeypatch):
         {k: v.contiguous() for k, v in source.model.state_dict().items()}, str(snapshot / 'open_clip_model.safetensors')
     )
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     loaded = create_backend('torch', 'ViT-B/32', BackendOptions(device='cpu'))
     assert loaded.model_name == 'ViT-B-32::openai'
     assert torch.equal(loaded.model.state_dict()['visual.proj'], source.model.state_dict()['visual.proj'])
@@ -229,14 +231,14 @@ def test_pretrained_tag_loads_offline_from_the_cache(tmp_path, monkeypatch):
 def test_unreachable_hub_fails_fast_without_download_retries(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    monkeypatch.delenv('HF_HUB_OFFLINE', raising=False)
+    hub_offline(monkeypatch, False)
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'empty-cache'))
     monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')  # nothing listens on the discard port
     with pytest.raises(WeightsUnavailableError, match='127.0.0.1 is unreachable'):
         create_backend('torch', 'RN50::openai', BackendOptions(device='cpu'))
 
 
-@pytest.mark.parametrize('model', [TINY, 'ViT-B-32::random'])
+@pytest.mark.parametrize('model', [pytest.param(TINY, marks=pytest.mark.precision), 'ViT-B-32::random'])
 def test_padding_trim_is_exact(model, tiny_backend):
     backend = tiny_backend if model == TINY else create_backend('torch', model, BackendOptions(device='cpu'))
     assert backend.trims_padding
@@ -245,8 +247,8 @@ def test_padding_trim_is_exact(model, tiny_backend):
     trimmed = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
     with torch.inference_mode():
         full = backend.model.encode_text(torch.from_numpy(tokens.input_ids)).numpy()
-    diff = np.abs(trimmed - full).max()
-    print(f'\n{model}: padding trim vs full 77 tokens, max abs diff {diff:.2e}')
+    diff = relative_error(trimmed, full)
+    print(f'\n{model}: padding trim vs full 77 tokens, relative difference {diff:.2e}')
     assert diff < 1e-5
 
 
@@ -277,6 +279,7 @@ def _cosines(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
+@pytest.mark.precision
 def test_auto_on_a_cpu_with_native_bf16_runs_images_in_bf16_and_texts_exactly_as_fp32(cpu_bf16):
     cpu_bf16(True)
     auto = create_backend('torch', 'ViT-B-32::random', BackendOptions(device='cpu'))
@@ -297,6 +300,7 @@ def test_auto_on_a_cpu_with_native_bf16_runs_images_in_bf16_and_texts_exactly_as
     assert np.array_equal(texts_auto, texts_fp32)
 
 
+@pytest.mark.precision
 def test_auto_on_a_cpu_without_native_bf16_is_plain_fp32(cpu_bf16, tiny_backend):
     cpu_bf16(False)
     auto = create_backend('torch', TINY, BackendOptions(device='cpu', dtype='auto'))

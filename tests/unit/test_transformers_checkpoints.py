@@ -22,7 +22,9 @@ from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 
-from ..model_folders import TRANSFORMERS_TYPES, transformers_checkpoint
+from ..compare import relative_error
+from ..hub import hub_offline
+from ..transformers_folders import TRANSFORMERS_TYPES, transformers_checkpoint
 
 torch = pytest.importorskip('torch')
 t = pytest.importorskip('transformers')
@@ -98,8 +100,8 @@ def test_each_type_tokenizes_preprocesses_and_encodes_as_transformers_does(check
     with torch.no_grad():
         texts = model.get_text_features(**want_tokens).pooler_output.numpy()
         want_images = model.get_image_features(**inputs).pooler_output.numpy()
-    assert np.abs(backend.encode_texts(ours.input_ids, ours.attention_mask) - texts).max() <= 1e-5
-    assert np.abs(backend.encode_images(ours_pixels) - want_images).max() <= 1e-5
+    assert relative_error(backend.encode_texts(ours.input_ids, ours.attention_mask), texts) <= 1e-5
+    assert relative_error(backend.encode_images(ours_pixels), want_images) <= 1e-5
     assert backend.embed_dim == texts.shape[1]
     assert (backend.sigmoid_logits is not None) == (kind in SIGMOID)  # /rank's siglip_score
 
@@ -160,7 +162,7 @@ def test_missing_files_offline_hub_ids_and_the_missing_extra(checkpoints, tmp_pa
     with pytest.raises(WeightsUnavailableError, match='is not a transformers checkpoint folder'):
         resolve(parse_model_name(f'transformers:{tmp_path}'))
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'empty-cache'))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     started = time.monotonic()
     with pytest.raises(WeightsUnavailableError, match=r'HF_HUB_OFFLINE.*transformers:/path/to/folder'):
         create_backend('torch', 'transformers:openai/clip-vit-base-patch32', BackendOptions(device='cpu'))
@@ -175,7 +177,7 @@ def test_missing_files_offline_hub_ids_and_the_missing_extra(checkpoints, tmp_pa
 
 @pytest.fixture(scope='module')
 def remote(tmp_path_factory):
-    from ..model_folders import remote_code_checkpoint
+    from ..transformers_folders import remote_code_checkpoint
 
     return remote_code_checkpoint(tmp_path_factory.mktemp('remote') / 'tiny-remote')
 
@@ -184,7 +186,7 @@ def test_shipped_code_is_refused_without_the_opt_in_and_names_its_files(remote):
     with pytest.raises(UnknownModelError, match=r'its own code .*modeling_tiny\.py.*trust_remote_code: true'):
         create_backend('torch', f'transformers:{remote}', BackendOptions(device='cpu'))
     with pytest.raises(UnknownModelError, match='trust_remote_code'):
-        from clipserve.backends.onnx_export import export_onnx
+        from clipserve.backends.onnx.export import export_onnx
 
         export_onnx(f'transformers:{remote}', remote.parent / 'refused')
     assert not (remote.parent / 'refused' / 'visual.onnx').exists()
@@ -193,7 +195,7 @@ def test_shipped_code_is_refused_without_the_opt_in_and_names_its_files(remote):
 def test_with_the_opt_in_the_models_own_features_serve_and_its_files_are_logged(remote, caplog):
     import hashlib
 
-    with caplog.at_level('WARNING', logger='clipserve.models.hf_checkpoints'):
+    with caplog.at_level('WARNING', logger='clipserve.models.families.transformers'):
         backend = create_backend(
             'torch', f'transformers:{remote}', BackendOptions(device='cpu', trust_remote_code=True)
         )
@@ -206,12 +208,12 @@ def test_with_the_opt_in_the_models_own_features_serve_and_its_files_are_logged(
         texts = model.get_text_features(torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask))
         images = model.get_image_features(torch.from_numpy(pixels))
     assert not backend.trims_padding  # clipserve cannot know how such a model pools
-    assert np.abs(backend.encode_texts(tokens.input_ids, tokens.attention_mask) - texts.numpy()).max() <= 1e-6
-    assert np.abs(backend.encode_images(pixels) - images.numpy()).max() <= 1e-6
+    assert relative_error(backend.encode_texts(tokens.input_ids, tokens.attention_mask), texts.numpy()) <= 1e-6
+    assert relative_error(backend.encode_images(pixels), images.numpy()) <= 1e-6
 
 
 def test_matryoshka_truncation_only_to_the_trained_sizes_and_into_the_onnx_export(remote, tmp_path):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     full = create_backend('torch', f'transformers:{remote}', BackendOptions(device='cpu', trust_remote_code=True))
     options = BackendOptions(device='cpu', trust_remote_code=True, truncate_dim=32)
@@ -222,7 +224,8 @@ def test_matryoshka_truncation_only_to_the_trained_sizes_and_into_the_onnx_expor
     export_onnx(f'transformers:{remote}', tmp_path / 'onnx', trust_remote_code=True, truncate_dim=32)
     onnx = create_backend('onnx', None, BackendOptions(device='cpu'), model_path=str(tmp_path / 'onnx'))
     assert (
-        onnx.embed_dim == 32 and np.abs(onnx.encode_texts(tokens.input_ids, tokens.attention_mask) - want).max() <= 1e-5
+        onnx.embed_dim == 32
+        and relative_error(onnx.encode_texts(tokens.input_ids, tokens.attention_mask), want) <= 1e-5
     )
     with pytest.raises(UnknownModelError, match='trained for truncation to 16, 32, 64'):
         resolve(parse_model_name(f'transformers:{remote}'), trust_remote_code=True, truncate_dim=20)
@@ -239,7 +242,7 @@ def test_truncation_is_refused_for_models_not_trained_for_it(checkpoints):
 
 
 def test_siglip2_reads_its_naflex_processor_and_gemma_tokenizer_facts(checkpoints, tmp_path):
-    from clipserve.models.hf_checkpoints import split_naflex
+    from clipserve.models.families.transformers import split_naflex
     from clipserve.models.preprocess import PreprocessConfig
 
     resolved = resolve(parse_model_name(f'transformers:{checkpoints["siglip2"]}'))
@@ -261,7 +264,7 @@ def test_siglip2_reads_its_naflex_processor_and_gemma_tokenizer_facts(checkpoint
 
 @pytest.fixture(scope='module')
 def siglip2_export(checkpoints, tmp_path_factory):
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
 
     out = tmp_path_factory.mktemp('siglip2-onnx')
     metadata = export_onnx(f'transformers:{checkpoints["siglip2"]}', out)
@@ -286,7 +289,7 @@ def test_siglip2_exports_and_the_onnx_replica_equals_transformers_without_torch(
 import json, sys
 import numpy as np
 from clipserve.backends import BackendOptions
-from clipserve.backends.onnx_backend import OnnxBackend
+from clipserve.backends.onnx.backend import OnnxBackend
 from clipserve.models.preprocess import preprocess_bytes
 backend = OnnxBackend(None, BackendOptions(device='cpu'), model_path={str(out)!r})
 blobs = [bytes.fromhex(b) for b in json.loads(open({str(tmp_path / 'blobs.json')!r}).read())]
@@ -310,8 +313,8 @@ print(json.dumps({{m: m in sys.modules for m in ('torch', 'transformers', 'open_
     with torch.no_grad():
         want_texts = model.get_text_features(**tokens).pooler_output.numpy()
         want_images = model.get_image_features(**_processor_inputs('siglip2', folder, images)).pooler_output.numpy()
-    assert np.abs(np.load(tmp_path / 'texts.npy') - want_texts).max() <= 1e-4
-    assert np.abs(np.load(tmp_path / 'images.npy') - want_images).max() <= 1e-4
+    assert relative_error(np.load(tmp_path / 'texts.npy'), want_texts) <= 1e-5
+    assert relative_error(np.load(tmp_path / 'images.npy'), want_images) <= 1e-5
 
 
 def test_backends_built_around_one_image_shape_refuse_a_naflex_export(siglip2_export):
@@ -355,16 +358,16 @@ def test_code_from_another_repository_is_fetched_into_the_cache_logged_and_run_o
 ):
     import hashlib
 
-    from ..model_folders import remote_code_in_another_repository
+    from ..transformers_folders import remote_code_in_another_repository
 
     cache = tmp_path / 'cache'
     monkeypatch.setenv('CLIPSERVE_CACHE', str(cache))
-    monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+    hub_offline(monkeypatch)
     folder = remote_code_in_another_repository(tmp_path / 'tiny-remote', cache)
     name = f'transformers:{folder}'
     with pytest.raises(UnknownModelError, match=r'modeling_tiny\.py from clipserve-tests/tiny-implementation'):
         create_backend('torch', name, BackendOptions(device='cpu'))
-    with caplog.at_level('WARNING', logger='clipserve.models.hf_checkpoints'):
+    with caplog.at_level('WARNING', logger='clipserve.models.families.transformers'):
         backend = create_backend('torch', name, BackendOptions(device='cpu', trust_remote_code=True))
     code = next(cache.glob('models--clipserve-tests--tiny-implementation/snapshots/*/modeling_tiny.py'))
     digest = hashlib.sha256(code.read_bytes()).hexdigest()

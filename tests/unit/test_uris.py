@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from clipserve.uris import UriError, UriPolicy, decode_data_uri
+from clipserve.inputs.uris import UriError, UriPolicy, decode_data_uri
 
 
 def test_data_uris_are_always_allowed():
@@ -144,9 +144,9 @@ def teredo(server: str, client: str) -> str:
 )
 def test_non_public_reason(ip, reason):
     """reason: None for public, else a part of the reason ('' where only refusal matters: labels vary by Python)."""
-    from clipserve import uris
+    from clipserve.inputs.addresses import non_public_reason
 
-    got = uris.non_public_reason(ip)
+    got = non_public_reason(ip)
     assert got == reason if reason is None else (got is not None and reason in got), got
 
 

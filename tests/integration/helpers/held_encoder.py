@@ -32,11 +32,11 @@ class HeldCLIPEncoder(CLIPEncoder):
         super().__init__(**kwargs)
         self.hold_dir = Path(hold_dir) if hold_dir else None
 
-    def encode_documents(self, docs, drop_images, skip=None):
+    def encode_documents(self, docs, drop_images, skip=None, **kwargs):
         hold_dir = getattr(self, 'hold_dir', None)  # None during the warm-up in __init__
         if hold_dir is not None and (hold_dir / 'encode.hold').exists():
             (hold_dir / f'encode.started.{os.getpid()}').write_text(docs[0].id if len(docs) else '')
             deadline = time.monotonic() + 300
             while (hold_dir / 'encode.hold').exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
-        return super().encode_documents(docs, drop_images, skip)
+        return super().encode_documents(docs, drop_images, skip, **kwargs)

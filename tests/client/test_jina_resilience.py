@@ -1,4 +1,4 @@
-"""Credentials, retries and timeouts, against a stand-in gateway that records what reaches it."""
+"""clipserve_client.jina: credentials, retries and timeouts, against a stand-in gateway that records what reaches it."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from clipserve_client import Client
+from clipserve_client.jina import Client, ServerError
 from tests.integration.conftest import free_port
 
 from .conftest import PROTOCOLS, url
@@ -77,3 +77,26 @@ def test_timeout(protocol):
         with pytest.raises(TimeoutError):
             Client(url(protocol, port), timeout=0.3).encode(['abc'])  # the client's default
         assert len(Client(url(protocol, port), timeout=0.3).encode(['abc'], timeout=None)) == 1
+
+
+@pytest.mark.parametrize('protocol', PROTOCOLS)
+def test_an_overloaded_replica_is_retried_after_its_retry_after(protocol):
+    """clipserve's replicas refuse what would pass their admission bound (OverloadedError with retry_after 0.3 s
+    in its details; over HTTP with 429 too): sent again no sooner than the server asked."""
+    port = free_port()
+    with FakeGateway(protocol, port, overload_first=2) as gateway:
+        out = Client(url(protocol, port), retries=3, backoff=0.01).encode(['abc'])
+    np.testing.assert_array_equal(out[:, 0], [3])
+    waits = np.diff(gateway.arrivals)
+    assert len(gateway.arrivals) == 3 and waits.min() >= 0.28, waits
+
+
+@pytest.mark.parametrize('protocol', PROTOCOLS)
+def test_an_overload_that_outlasts_the_retries_is_a_server_error_naming_the_limit(protocol):
+    port = free_port()
+    with FakeGateway(protocol, port, overload_first=10) as gateway:
+        with pytest.raises(ServerError, match=r'max_requests=1'):
+            Client(url(protocol, port), retries=1, backoff=0.01).encode(['abc'])
+        errors = []
+        Client(url(protocol, port), retries=0).encode(['abc'], on_error=errors.append)
+    assert len(gateway.arrivals) == 3 and errors[0].header.status.exception.name == 'OverloadedError'

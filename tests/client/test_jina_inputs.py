@@ -1,4 +1,4 @@
-"""What the client accepts and how it reads it, without a server."""
+"""What clipserve_client.jina accepts and how it reads it, without a server."""
 
 import io
 import time
@@ -8,10 +8,10 @@ import pytest
 from docarray import Document
 from PIL import Image
 
-from clipserve_client import Client, FetchError
-from clipserve_client.address import parse_address
 from clipserve_client.images import array_to_png
-from clipserve_client.inputs import Loader, to_content_document
+from clipserve_client.jina import Client, FetchError
+from clipserve_client.jina.address import parse_address
+from clipserve_client.jina.inputs import Loader, to_content_document
 from tests.integration.conftest import data_uri, make_image
 
 

@@ -1,0 +1,108 @@
+"""The Flows the doc examples run against: shipped flows/*.yml with the tiny model on free ports.
+
+One Flow runs at a time (CI has 2 cores): `FlowPool.use(name)` stops the one running when another is asked
+for. The blocks are sorted by Flow (blocks.runnable_chains), so each Flow starts once per session. `tls` is
+tests/conftest.py's session fixture `tls_flow` (shared with the client tests), started by the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.integration.conftest import ROOT, TINY, flow_from_yaml, free_port, set_port
+
+# a second tiny model with another name (multi-model Flows need two): the bundled architecture by its file
+TINY_FILE = f'{ROOT / "executors" / "clipserve" / "models" / "configs" / "clipserve-tiny.json"}::random'
+TOKEN = 's3cret'
+MODELS = {'ViT-B-32::openai': TINY, 'ViT-L-14::openai': TINY_FILE}
+DOC_PORTS = (51000, 51001, 51002)
+DOC_METRICS_PORTS = (9090, 9091)
+PORT = re.compile(r'(?<![\d.])(51000|51001|51002|9090|9091)(?!\d)')
+
+
+@dataclass
+class Running:
+    name: str
+    ports: dict[int, int]  # the port a doc names -> the port the Flow listens on
+    models: dict[str, str] = field(default_factory=lambda: dict(MODELS))
+    env: dict[str, str | None] = field(default_factory=dict)  # the variables' values before the Flow started
+    flow: object = None
+
+    def rewrite(self, text: str) -> str:
+        text = PORT.sub(lambda m: str(self.ports.get(int(m.group(1)), m.group(1))), text)
+        for documented, served in self.models.items():
+            text = text.replace(documented, served)
+        return text
+
+
+def _monitoring(config, ports):
+    config['gateway']['port'] = ports[51000]
+    config['with']['port_monitoring'] = ports[9090]
+    config['executors'][0]['port_monitoring'] = ports[9091]
+
+
+def _multi_model(config, ports):
+    set_port(config, [ports[51000], ports[51001]])
+    for executor in config['executors']:
+        arguments = executor['uses']['with']
+        arguments['name'] = MODELS.get(arguments['name'], arguments['name'])
+        arguments['served_models'] = [MODELS.get(m, m) for m in arguments['served_models']]
+
+
+# name -> (file, documented ports it serves, edit(config, ports), extra environment)
+FLOWS = {
+    'multi-protocol': ('multi-protocol.yml', DOC_PORTS, lambda c, p: set_port(c, [p[n] for n in DOC_PORTS]), {}),
+    'auth': (
+        'auth.yml',
+        DOC_PORTS,
+        lambda c, p: set_port(c, [p[n] for n in DOC_PORTS]),
+        {'CLIPSERVE_AUTH_TOKEN': TOKEN},
+    ),
+    'multi-model': ('multi-model.yml', DOC_PORTS[:2], _multi_model, {}),
+    'monitoring': ('monitoring.yml', (51000, *DOC_METRICS_PORTS), _monitoring, {}),
+}
+
+
+class FlowPool:
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.running: Running | None = None
+
+    def use(self, name: str) -> Running:
+        if self.running is not None and self.running.name == name:
+            return self.running
+        self.close()
+        if name not in FLOWS:
+            raise KeyError(f'no doc-test Flow {name!r}; known: {", ".join(FLOWS)}, tls')
+        file, documented, edit, env = FLOWS[name]
+        ports = {port: free_port() for port in documented}
+        env = {'CLIPSERVE_MODEL': TINY, **env}
+        flow = flow_from_yaml(file, self.directory, lambda config: edit(config, ports), env)
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)  # a gateway reads its token when it starts, in its own process
+        try:
+            flow.start()
+        except BaseException:
+            _restore(saved)
+            raise
+        self.running = Running(name, ports, env=saved, flow=flow)
+        return self.running
+
+    def close(self) -> None:
+        if self.running is not None and self.running.flow is not None:
+            try:
+                self.running.flow.close()
+            finally:
+                _restore(self.running.env)
+        self.running = None
+
+
+def _restore(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
