@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from clipserve.backends import BackendOptions, create_backend
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
     from clipserve.models.tokenizer import Tokenizer
 
     options = BackendOptions(device='cpu')

@@ -72,7 +72,7 @@ def main() -> None:
 
     from clipserve import CLIPEncoder
     from clipserve.backends import BackendOptions, create_backend
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
     from clipserve.models.preprocess import preprocess_bytes
 
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-families-')

@@ -58,14 +58,6 @@ def folder_images(folder: str, n: int) -> list[bytes]:
     return [p.read_bytes() for p in paths[:n]]
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open('/proc/cpuinfo') as f:
-            return set(next(line for line in f if line.startswith('flags')).split(':', 1)[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 def _normalised(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -89,12 +81,15 @@ def main() -> None:
     args = parser.parse_args()
 
     from clipserve.backends import BackendOptions, create_backend
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.cpu_features import cpu_features
+    from clipserve.backends.onnx.export import export_onnx
+    from clipserve.errors import BackendUnavailableError
     from clipserve.models.preprocess import preprocess_bytes
 
     name = args.ckpt or args.model
-    flags = cpu_flags()
-    native_bf16 = bool({'avx512_bf16', 'amx_bf16'} & flags)
+    features = cpu_features()
+    native_bf16 = bool(features.native_bf16)
+    print(f'CPU: {features.describe()}')
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-precision-')
     exported = Path(workdir.name) / 'onnx'
     export_onnx(name, exported)
@@ -109,15 +104,18 @@ def main() -> None:
         print('openvino is not installed (pip install "clipserve[openvino]"): its rows are left out')
     if not native_bf16:
         print('this CPU has no native bf16 (avx512_bf16 / amx_bf16): torch bf16 is emulated, shown for completeness')
-    backends = {
-        label: create_backend(
-            kind,
-            name if kind == 'torch' else None,
-            BackendOptions(device='cpu', dtype=dtype),
-            model_path=None if kind == 'torch' else str(exported),
-        )
-        for label, (kind, dtype) in configs.items()
-    }
+    backends, refused = {}, {}
+    for label, (kind, dtype) in configs.items():
+        try:
+            backends[label] = create_backend(
+                kind,
+                name if kind == 'torch' else None,
+                BackendOptions(device='cpu', dtype=dtype),
+                model_path=None if kind == 'torch' else str(exported),
+            )
+        except BackendUnavailableError as e:  # a precision this CPU does not compute (natively, or correctly)
+            refused[label] = str(e)
+            print(f'{label}: refused on this CPU: {e}')
     reference = backends['torch fp32']
     texts = captions(args.texts)
     data = folder_images(args.image_dir, args.images) if args.image_dir else generated_images(args.images)
@@ -191,6 +189,9 @@ def main() -> None:
                 f'{rate["images"]:.1f} ({ratio["images"]:.2f}x)',
             ]
         )
+    for label, why in refused.items():
+        results.append({'config': label, 'refused': why})
+        rows.append([label, 'refused on this CPU: ' + why.split('. ')[0][:110], '', '', '', '', ''])
     headers = [
         'config',
         'text cosine min / mean',
@@ -203,16 +204,21 @@ def main() -> None:
     info = machine()
     print(f'\n{name}, {len(texts)} texts, {len(data)} images; {info["cpu"]}, {info["cores"]} cores')
     print(
-        f'CPU bf16: {"native" if native_bf16 else "no"}; VNNI: {"yes" if {"avx512_vnni", "avx_vnni"} & flags else "no"}'
+        f'CPU: {features.describe()}; bf16 {"native" if native_bf16 else "emulated (no native bf16)"}; '
+        f'int8 dot products: {", ".join(features.int8_dot) or "none (no VNNI/AMX)"}'
     )
     print(markdown_table(headers, rows))
-    path = save('precision', {'machine': info, 'model': name, 'native_bf16': native_bf16, 'results': results})
+    path = save(
+        'precision',
+        {'machine': info, 'cpu': features.describe(), 'model': name, 'native_bf16': native_bf16, 'results': results},
+    )
+    measured = [r for r in results if 'refused' not in r]
 
     def draw(axes):
-        labels = [r['config'] for r in results]
-        axes[0].bar(labels, [r['images_vs_torch_fp32'] for r in results])
+        labels = [r['config'] for r in measured]
+        axes[0].bar(labels, [r['images_vs_torch_fp32'] for r in measured])
         axes[0].set_title('images/s vs torch fp32')
-        axes[1].bar(labels, [1 - r['image_cosine_min'] for r in results])
+        axes[1].bar(labels, [1 - r['image_cosine_min'] for r in measured])
         axes[1].set_title('1 - min image cosine to fp32')
         for ax in axes:
             ax.tick_params(axis='x', rotation=30)

@@ -17,13 +17,16 @@ other precision (`--precisions`: torch auto = what a Flow serves by default, bf1
 CPU computes bf16 natively; onnx int8) with fp32 of the same backend: both replicas up at once,
 model-only and served (1 and 4 clients) for short texts and images, every ratio bracketed by fp32
 windows, with the cosine of its embeddings to fp32's; the CPU's bf16 / int8 instructions are printed.
+For onnx and short texts, the same rounds also measure the model alone at larger batches and FastEmbed
+in-process on the same export (text_rates.py): Flow(4) against the model at its best batch and against
+FastEmbed. Just that comparison: `--backends onnx --precisions --workloads short --no-batching`.
 Prints tables, writes benchmarks/results/serving.json and serving.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import contextlib
 import os
 import sys
 import tempfile
@@ -33,210 +36,23 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import bracketed, items_per_second, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
-
-SHORT = 'a photo of a small brown dog running on the beach'  # ~10 words
-LONG = (
-    'a long detailed caption describing a crowded city street at night with neon signs, wet pavement '
-    'reflecting the lights, people with umbrellas walking past shops, cars waiting at a red light, '
-    'and a cyclist in a yellow jacket'
+import text_rates  # noqa: E402
+from common import bracketed, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
+from serving_precision import precision_rows  # noqa: E402
+from serving_workloads import (  # noqa: E402
+    LONG,
+    SHORT,
+    WORKLOADS,
+    cpu_capabilities,
+    fp32_torch_model,
+    free_port,
+    gemm_peak,
+    jpeg_640x480,
+    model_flops,
+    rss_peak_mb,
+    save_checkpoint,
+    served,
 )
-
-
-def gemm_peak(seconds: float = 2.0) -> float:
-    """fp32 matrix-multiply FLOP/s with the threads torch uses (the machine's practical peak)."""
-    import torch
-
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    return items_per_second(lambda: a @ b, 2 * 2048**3, min_seconds=seconds)
-
-
-def vit_flops(width: int, layers: int, tokens: int, patch_flops: float = 0.0, proj: float = 0.0) -> float:
-    """2·L·N·12·d² (projections and MLP) + 4·L·N²·d (attention) + extras: a transformer's forward FLOPs."""
-    return 2 * layers * tokens * 12 * width**2 + 4 * layers * tokens**2 * width + patch_flops + proj
-
-
-def model_flops(cfg: dict, text_tokens: int) -> tuple[float, float]:
-    v, t, dim = cfg['vision_cfg'], cfg['text_cfg'], cfg['embed_dim']
-    grid = (v['image_size'] // v['patch_size']) ** 2
-    image = vit_flops(
-        v['width'], v['layers'], grid + 1, 2 * grid * 3 * v['patch_size'] ** 2 * v['width'], 2 * v['width'] * dim
-    )
-    text = vit_flops(t['width'], t['layers'], text_tokens, 0, 2 * t['width'] * dim)
-    return image, text
-
-
-def save_checkpoint(model, arch: str, folder: str) -> str:
-    """Write `model`'s weights as a safetensors checkpoint; returns the model name that loads it."""
-    from safetensors.torch import save_file
-
-    path = Path(folder) / 'weights.safetensors'
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    return f'{arch}::{path}'
-
-
-def jpeg_640x480() -> bytes:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    y, x = np.mgrid[0:480, 0:640]
-    pixels = np.clip(np.stack([x / 2.5, y / 1.9, (x + y) / 4.4], -1) + rng.normal(0, 12, (480, 640, 3)), 0, 255)
-    buf = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(buf, format='JPEG', quality=90)
-    return buf.getvalue()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def rss_peak_mb(pid: int) -> float:
-    with open(f'/proc/{pid}/status') as f:
-        return next(int(line.split()[1]) for line in f if line.startswith('VmHWM')) / 1024
-
-
-def served(port: int, docs_fn, clients: int, per_request: int, seconds: float) -> float:
-    """Documents/s through the Flow with `clients` concurrent asyncio clients, `per_request` docs per request.
-
-    asyncio clients in one thread keep the client side cheap: on a 2-core machine, client threads
-    would otherwise take the cores the server is being measured on. Every client finishes one
-    warm-up request before the clock starts (connections open, model warm); the clock stops when
-    the last request sent before the deadline has come back, and all of those are counted.
-    """
-    import asyncio
-
-    from jina import Client
-
-    async def post(client):
-        async for _ in client.post('/', docs_fn(per_request)):
-            pass
-
-    async def keep_posting(client, counts, i, stop):
-        while time.perf_counter() < stop:
-            await post(client)
-            counts[i] += per_request
-
-    async def run():
-        pool = [Client(host='127.0.0.1', port=port, asyncio=True) for _ in range(clients)]
-        await asyncio.gather(*(post(client) for client in pool))
-        counts = [0] * clients
-        started = time.perf_counter()
-        await asyncio.gather(*(keep_posting(client, counts, i, started + seconds) for i, client in enumerate(pool)))
-        return sum(counts) / (time.perf_counter() - started)
-
-    return asyncio.run(run())
-
-
-def cpu_capabilities() -> str:
-    """The CPU's bf16 and int8 (VNNI) instructions, as the flags name them."""
-    from clipserve.backends.precision import cpu_bf16
-
-    try:
-        with open('/proc/cpuinfo') as f:
-            flags = set(next(line for line in f if line.startswith('flags')).split(':', 1)[1].split())
-    except (OSError, StopIteration):
-        flags = set()
-    vnni = sorted(flags & {'avx512_vnni', 'avx_vnni', 'amx_int8'}) or ['none']
-    return f'bf16: {cpu_bf16()[1]}; int8 dot products: {", ".join(vnni)}'
-
-
-def fp32_torch_model(model: str):
-    from clipserve.backends import BackendOptions, create_backend
-
-    return create_backend('torch', model, BackendOptions(device='cpu', dtype='fp32')).model
-
-
-def precision_rows(pair: str, args, workloads: dict, checkpoint: str | None, onnx_dir: str) -> list[dict]:
-    """`backend:dtype` against `backend:fp32`: model-only and served rates, each bracketed by fp32 windows."""
-    from docarray import Document, DocumentArray
-    from jina import Client, Flow
-
-    from clipserve import CLIPEncoder
-    from clipserve.backends import BackendOptions, create_backend
-    from clipserve.models.preprocess import preprocess_bytes
-    from clipserve.models.tokenizer import Tokenizer
-
-    backend_name, _, dtype = pair.partition(':')
-    batch, tokenizer, jpeg = 8, Tokenizer(), jpeg_640x480()
-    model = args.model if backend_name == 'onnx' else checkpoint
-    path = onnx_dir if backend_name == 'onnx' else None
-    if backend_name == 'onnx' and not Path(onnx_dir, 'clipserve.json').exists():
-        from clipserve.backends.onnx_export import export_onnx
-
-        export_onnx(args.model, onnx_dir)
-    local = {
-        d: create_backend(backend_name, model, BackendOptions(device='cpu', dtype=d), model_path=path)
-        for d in ('fp32', dtype)
-    }
-    pixels = np.stack([preprocess_bytes(jpeg, local['fp32'].preprocess) for _ in range(batch)])
-    tokens = tokenizer([SHORT] * batch)
-
-    def model_only(backend, what):
-        if what == 'images 640x480':  # decoding and preprocessing included, as the server does them
-            return lambda: backend.encode_images(
-                np.stack([preprocess_bytes(jpeg, backend.preprocess) for _ in range(batch)])
-            )
-        return lambda: backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-
-    def cosine(what):
-        def run(b):
-            return model_only(b, what)() if what != 'images 640x480' else b.encode_images(pixels)
-
-        a, b = run(local['fp32']).astype(np.float64), run(local[dtype]).astype(np.float64)
-        return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-    ports = {d: free_port() for d in local}
-    flows = {
-        d: Flow(port=ports[d]).add(
-            uses=CLIPEncoder,
-            uses_with={'name': model, 'backend': backend_name, 'dtype': d, 'minibatch_size': 32}
-            | ({'model_path': onnx_dir} if path else {}),
-            allow_concurrent=True,
-            timeout_ready=-1,
-        )
-        for d in local
-    }
-    rows = []
-    with flows['fp32'], flows[dtype]:
-        served_precision = Client(host='127.0.0.1', port=ports[dtype]).post(
-            '/clipserve/info', DocumentArray([Document()]), return_responses=True
-        )
-        name = next(iter(served_precision[0].parameters['__results__'].values()))['dtype']
-        for what in ('short texts', 'images 640x480'):
-            docs_fn = workloads[what][0]
-            seconds, rounds = args.seconds, args.rounds
-            alone, alone_rates = bracketed(
-                lambda: sustained_rate(model_only(local['fp32'], what), batch, seconds),
-                {dtype: lambda: sustained_rate(model_only(local[dtype], what), batch, seconds)},
-                rounds,
-            )
-            flow = {}
-            for clients in (1, 4):
-                flow[clients] = bracketed(
-                    lambda: served(ports['fp32'], docs_fn, clients, batch, seconds),
-                    {dtype: lambda: served(ports[dtype], docs_fn, clients, batch, seconds)},
-                    rounds,
-                )
-            rows.append(
-                {
-                    'backend': backend_name,
-                    'precision': name,
-                    'workload': what,
-                    'model_only': alone_rates[dtype],
-                    'model_only_fp32': alone_rates['baseline'],
-                    'model_only_vs_fp32': alone[dtype],
-                    'flow_1_client': flow[1][1][dtype],
-                    'flow_1_vs_fp32': flow[1][0][dtype],
-                    'flow_4_clients': flow[4][1][dtype],
-                    'flow_4_vs_fp32': flow[4][0][dtype],
-                    'min_cosine': cosine(what),
-                }
-            )
-    return rows
 
 
 def main() -> None:
@@ -251,6 +67,16 @@ def main() -> None:
         default=['torch:auto', 'onnx:int8'],
         help='backend:dtype pairs compared with fp32 of the same backend (none: skip)',
     )
+    parser.add_argument('--workloads', nargs='+', choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument(
+        '--batching', action=argparse.BooleanOptionalAction, default=True, help='torch Flows, batching on vs off'
+    )
+    parser.add_argument(
+        '--text-rates',
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='onnx, short texts: the model at larger batches and FastEmbed, in the same rounds',
+    )
     args = parser.parse_args()
     os.environ.setdefault('JINA_LOG_LEVEL', 'ERROR')
     os.environ.setdefault('JINA_MP_START_METHOD', 'spawn')
@@ -260,7 +86,7 @@ def main() -> None:
 
     from clipserve import CLIPEncoder
     from clipserve.backends import BackendOptions, create_backend
-    from clipserve.backends.onnx_export import export_onnx
+    from clipserve.backends.onnx.export import export_onnx
     from clipserve.models.names import parse_model_name
     from clipserve.models.preprocess import preprocess_bytes
     from clipserve.models.registry import resolve
@@ -327,15 +153,25 @@ def main() -> None:
         with Flow(port=port).add(uses=CLIPEncoder, uses_with=uses_with, allow_concurrent=True, timeout_ready=-1):
             ready = time.perf_counter() - started
             for name, (docs_fn, flops) in workloads.items():
+                if name not in [WORKLOADS[w] for w in args.workloads]:
+                    continue
                 gemm_samples.append(gemm_peak(1.0))
-                ratios, rates = bracketed(
-                    lambda: sustained_rate(model_only[name], batch, args.seconds),
-                    {
-                        1: lambda: served(port, docs_fn, 1, batch, args.seconds),
-                        4: lambda: served(port, docs_fn, 4, batch, args.seconds),
-                    },
-                    args.rounds,
-                )
+                compare = args.text_rates and backend_name == 'onnx' and name == 'short texts'
+                with text_rates.fastembed(onnx_dir, SHORT) if compare else contextlib.nullcontext() as fe:
+                    baseline = lambda: sustained_rate(model_only[name], batch, args.seconds)  # noqa: E731
+                    ratios, rates = bracketed(
+                        baseline,
+                        {
+                            1: lambda: served(port, docs_fn, 1, batch, args.seconds),
+                            4: lambda: served(port, docs_fn, 4, batch, args.seconds),
+                        }
+                        | (text_rates.measures(backend, tokenizer, SHORT, args.seconds, fe) if compare else {}),
+                        args.rounds,
+                    )
+                    if compare:
+                        results['text_rates'] = text_rates.summary(
+                            ratios, rates, baseline, backend, tokenizer, SHORT, batch, args, fe
+                        )
                 results['rows'].append(
                     {
                         'backend': backend_name,
@@ -356,28 +192,29 @@ def main() -> None:
             results['extra'][f'{backend_name}_start_to_ready_s'] = ready
         backend = None  # free the in-process model before the next backend loads
 
-    # dynamic batching: 16 clients sending single short texts, batching on vs off (torch); both
-    # Flows up at once so the two can be measured in turn
-    single = workloads['short texts'][0]
-    ports = {'on': free_port(), 'off': free_port()}
-    flows = [
-        Flow(port=ports[key]).add(
-            uses=CLIPEncoder,
-            uses_with={'name': args.model, 'batch_requests': key == 'on'},
-            allow_concurrent=True,
-            timeout_ready=-1,
-        )
-        for key in ports
-    ]
-    with flows[0], flows[1]:
-        speedup, rates = bracketed(
-            lambda: served(ports['off'], single, 16, 1, args.seconds),
-            {'on': lambda: served(ports['on'], single, 16, 1, args.seconds)},
-            args.rounds,
-        )
-    results['extra']['batching_on_16_clients_per_s'] = rates['on']
-    results['extra']['batching_off_16_clients_per_s'] = rates['baseline']
-    results['extra']['batching_speedup'] = speedup['on']
+    if args.batching:
+        # dynamic batching: 16 clients sending single short texts, batching on vs off (torch); both
+        # Flows up at once so the two can be measured in turn
+        single = workloads['short texts'][0]
+        ports = {'on': free_port(), 'off': free_port()}
+        flows = [
+            Flow(port=ports[key]).add(
+                uses=CLIPEncoder,
+                uses_with={'name': args.model, 'batch_requests': key == 'on'},
+                allow_concurrent=True,
+                timeout_ready=-1,
+            )
+            for key in ports
+        ]
+        with flows[0], flows[1]:
+            speedup, rates = bracketed(
+                lambda: served(ports['off'], single, 16, 1, args.seconds),
+                {'on': lambda: served(ports['on'], single, 16, 1, args.seconds)},
+                args.rounds,
+            )
+        results['extra']['batching_on_16_clients_per_s'] = rates['on']
+        results['extra']['batching_off_16_clients_per_s'] = rates['baseline']
+        results['extra']['batching_speedup'] = speedup['on']
 
     checkpoints = {
         'torch': save_checkpoint(fp32_torch_model(args.model), parse_model_name(args.model).arch, workdir.name)
@@ -428,6 +265,9 @@ def main() -> None:
     print("(rates: medians over the rounds; ratios: medians of each round's bracketed ratio)")
     print()
     print(markdown_table(['measure', 'value'], [[k, f'{v:.2f}'] for k, v in results['extra'].items()]))
+    compared = results.get('text_rates')
+    if compared:
+        print(text_rates.table(compared))
     if results['precision']:
         print(f'\nPrecision vs fp32 of the same backend; this CPU: {cpu_capabilities()}\n')
         print(
@@ -457,7 +297,8 @@ def main() -> None:
         )
     path = save('serving', results)
 
-    def draw(ax):
+    def draw(axes):
+        ax = axes[0] if compared else axes
         labels = [f'{r["backend"]}\n{r["workload"]}' for r in results['rows']]
         x = np.arange(len(labels))
         for offset, key in ((-0.27, 'model_only'), (0, 'flow_1_client'), (0.27, 'flow_4_clients')):
@@ -467,8 +308,10 @@ def main() -> None:
         ax.set_yscale('log')
         ax.legend()
         ax.set_title(f'{args.model}: model-only vs served ({info["cores"]} cores)')
+        if compared:
+            text_rates.draw(axes[1], compared)
 
-    save_plot(path, draw, figsize=(10, 4))
+    save_plot(path, draw, ncols=2 if compared else 1, figsize=(16, 4) if compared else (10, 4))
     print(f'\nwrote {path}')
 
 

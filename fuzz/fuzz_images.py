@@ -15,7 +15,7 @@ import PIL.Image  # noqa: F401  (Pillow's C decoders are what we feed; its Pytho
 from docarray import Document, DocumentArray
 
 with atheris.instrument_imports(include=['clipserve']):
-    from clipserve.documents import image_loader, split_texts_images
+    from clipserve.inputs.uris import UriError, UriPolicy
     from clipserve.models.preprocess import (
         ImageError,
         PreprocessConfig,
@@ -23,7 +23,7 @@ with atheris.instrument_imports(include=['clipserve']):
         preprocess_bytes,
         preprocess_image,
     )
-    from clipserve.uris import UriError, UriPolicy
+    from clipserve.serving.documents import image_loader, split_texts_images
 
 POLICY = UriPolicy()  # data: URIs only, as a server runs by default
 
