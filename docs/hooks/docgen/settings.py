@@ -1,0 +1,213 @@
+"""The settings reference: every executor and gateway setting, and every CLIPSERVE_* variable the code reads.
+
+Sources: `clipserve.config.settings.EXECUTOR_SETTINGS` (name, kind, default, description, variable),
+`clipserve.serving.limits.GATEWAY_SETTINGS` (the gateway's limits) and the gateways' constructor
+signatures (`ReadyGateway`, `ClipServeGateway`); a gateway argument outside GATEWAY_SETTINGS takes its
+default from the signature and its description from GATEWAY_ARGUMENTS below, until it moves into the table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from docgen.markdown import code, page, table
+
+ROOT = Path(__file__).resolve().parents[3]
+MiB = 1024 * 1024
+
+# gateway arguments that are not (yet) in GATEWAY_SETTINGS: name -> (variable, description)
+GATEWAY_ARGUMENTS = {
+    'readiness_interval': (
+        None,
+        "Seconds between the gateway's probes of every executor copy (`GET /readyz`, gRPC health `readiness`).",
+    ),
+    'openai_routes': (None, 'Serve `/v1/models`, `/v1/embeddings` and `/v1/rank` on the HTTP port.'),
+    'playground': (None, 'Serve the `/playground` page on the HTTP port.'),
+    'auth': (
+        'CLIPSERVE_AUTH',
+        '`ClipServeGateway` only: `required` (no token, no start), `optional` (checked when '
+        '`CLIPSERVE_AUTH_TOKEN` is set) or `off` (logged at every start); the variable overrides the argument.',
+    ),
+}
+
+# CLIPSERVE_* variables the code reads that are not a setting's: name -> (read by, description)
+OTHER_VARIABLES = {
+    'CLIPSERVE_AUTH_TOKEN': (
+        '`ClipServeGateway` (`flows/auth.yml`); `clipserve_client`',
+        'The shared token every request must carry; the light client sends it by default.',
+    ),
+    'CLIPSERVE_AUTH': ('`ClipServeGateway`', 'Overrides the gateway argument `auth`: `required`, `optional`, `off`.'),
+    'CLIPSERVE_CACHE': (
+        'every backend, `python -m clipserve export`',
+        'The cache of weights, tokenizers, ONNX '
+        'exports and converted copies; default `$XDG_CACHE_HOME/clipserve`, else `~/.cache/clipserve`.',
+    ),
+    'CLIPSERVE_TLS_CERT': ('`flows/tls.yml`, `flows/secure-v2.yml`', "The gateway's certificate (PEM)."),
+    'CLIPSERVE_TLS_KEY': ('`flows/tls.yml`, `flows/secure-v2.yml`', "The gateway's private key (PEM)."),
+    'CLIPSERVE_CPU_BF16': (
+        '`dtype: auto` on every backend',
+        "`1` or `0`: override what the CPU's flags say about native bf16 (odd hypervisors, tests).",
+    ),
+    'CLIPSERVE_INT8_FORCE': (
+        '`dtype: int8`',
+        '`1`: serve int8 on a CPU whose int8 kernels were measured to change rankings (logged).',
+    ),
+    'CLIPSERVE_KEEP_TRITON': (
+        'torch on a CPU',
+        '`1`: let a CPU replica import Triton (by default it is kept out: about 75 MB per replica).',
+    ),
+    'CLIPSERVE_MAX_GRPC_MESSAGE_BYTES': (
+        "Jina's gRPC servers (executors, heads)",
+        'The largest gRPC message a server accepts.',
+    ),
+    'CLIPSERVE_TOKEN': ('`python -m clipserve embed --server`', 'The token of the Flow `--server` names (`--token`).'),
+}
+
+VARIABLE = re.compile(r'CLIPSERVE_[A-Z0-9_]*[A-Z0-9]')
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str
+    default: object
+    description: str
+    variable: str | None
+    section: str
+    choices: tuple = ()
+    minimum: float | None = None
+
+
+def _rows(settings) -> list[Row]:
+    return [
+        Row(s.name, s.kind, s.default, s.description, s.variable, s.section, tuple(s.choices), s.minimum)
+        for s in settings
+    ]
+
+
+def executor_rows() -> list[Row]:
+    from clipserve.config.settings import EXECUTOR_SETTINGS
+
+    return _rows(EXECUTOR_SETTINGS)
+
+
+def gateway_rows() -> list[Row]:
+    """GATEWAY_SETTINGS, then every other argument of the gateways' constructors."""
+    from clipserve.serving import limits
+    from clipserve.serving.gateway import ClipServeGateway, ReadyGateway
+
+    rows = _rows(limits.GATEWAY_SETTINGS)
+    known = {r.name for r in rows}
+    for cls in (ReadyGateway, ClipServeGateway):
+        for name, parameter in inspect.signature(cls.__init__).parameters.items():
+            if name in known or name == 'self' or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                continue
+            known.add(name)
+            variable, description = GATEWAY_ARGUMENTS.get(name, (None, ''))
+            default = parameter.default
+            kind = type(default).__name__ if default is not inspect.Parameter.empty else '?'
+            rows.append(Row(name, kind, default, description, variable, cls.__name__))
+    return rows
+
+
+def variables_in_code() -> dict[str, set[str]]:
+    """CLIPSERVE_* name -> the files (relative) that mention it: the package, the Hub folders and the Flows."""
+    found: dict[str, set[str]] = {}
+    paths = [*(ROOT / 'executors' / 'clipserve').rglob('*.py'), *(ROOT / 'executors' / 'hub').rglob('*.yml')]
+    paths += sorted((ROOT / 'flows').glob('*.yml'))
+    for path in paths:
+        for name in VARIABLE.findall(path.read_text(encoding='utf-8')):
+            found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def variable_rows() -> list[tuple[str, str, str]]:
+    """(variable, what it sets, description) for every variable: settings' first, then the others."""
+    rows = []
+    for where, settings in (('executor', executor_rows()), ('gateway', gateway_rows())):
+        for s in settings:
+            if s.variable:
+                rows.append((s.variable, f'{where} setting `{s.name}`', s.description))
+    for name, (reader, description) in sorted(OTHER_VARIABLES.items()):
+        rows.append((name, reader, description))
+    return rows
+
+
+def format_default(row: Row) -> str:
+    value = row.default
+    if value is inspect.Parameter.empty:
+        return '(required)'
+    if row.kind == 'int' and isinstance(value, int) and value >= MiB and value % MiB == 0:
+        return f'{code(value)} ({value // MiB} MiB)'
+    if row.kind == 'int' and isinstance(value, int) and value >= 10_000:
+        return f'{code(value)} ({value:,})'
+    return code(value)
+
+
+def format_kind(row: Row) -> str:
+    if row.choices:
+        return ', '.join(f'`{c}`' for c in row.choices)
+    bound = f' >= {row.minimum:g}' if row.minimum is not None else ''
+    return f'{row.kind}{bound}'
+
+
+def _settings_table(rows: list[Row]) -> str:
+    return table(
+        ('setting (variable)', 'type', 'default', 'description'),
+        [
+            (
+                f'`{r.name}`' + (f'<br>`{r.variable}`' if r.variable else ''),
+                format_kind(r),
+                format_default(r),
+                r.description,
+            )
+            for r in rows
+        ],
+    )
+
+
+EXECUTOR_INTRO = """Constructor arguments of `CLIPEncoder` and `CLIPRanker`: `with:` in a Flow YAML, `uses_with` in
+Python, `--uses-with` on the command line. A value comes from the argument, else its environment variable, else
+the default; an empty argument or an unexpanded `${{ ENV.X }}` counts as not given, so every shipped Flow
+reads its model from `CLIPSERVE_MODEL` and friends. Lists are YAML lists or one comma-separated string.
+A wrong value fails the executor at start with a message naming the setting and what it accepts.
+The deprecated argument `traversal_paths` still sets `access_paths` (with a warning).
+"""
+
+GATEWAY_INTRO = """Arguments of the gateways `ReadyGateway` (every shipped Flow) and `ClipServeGateway` (`flows/auth.yml`):
+`uses_with:` under the Flow's `gateway:`. The limits also read their `CLIPSERVE_*` variable, in the
+gateway's environment (the shell that runs `jina flow`).
+
+```yaml
+gateway:
+  uses: ReadyGateway
+  py_modules: [clipserve.serving.gateway]
+  uses_with: {max_in_flight: 256, playground: false}
+```
+"""
+
+
+def settings_page() -> str:
+    by_section: dict[str, list[Row]] = {}
+    for row in executor_rows():
+        by_section.setdefault(row.section, []).append(row)
+    parts = ['## Executor settings\n', EXECUTOR_INTRO]
+    for section, rows in by_section.items():
+        parts += [f'### {section.capitalize()}\n', _settings_table(rows)]
+    parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
+    source = 'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
+    return page('Settings', source, *parts)
+
+
+def environment_page() -> str:
+    rows = [(f'`{v}`', what, description) for v, what, description in variable_rows()]
+    intro = (
+        "Every `CLIPSERVE_*` variable the server reads. A setting's variable applies where its argument is not "
+        'given (see [Settings](settings.md)); Flows substitute `${{ ENV.X }}` when they load, so set the variables '
+        'in the shell that starts the Flow (`jina flow`, `python -m clipserve`, `docker run -e`).\n'
+    )
+    source = 'the settings tables, and every CLIPSERVE_* name in executors/clipserve, executors/hub and flows/'
+    return page('Environment variables', source, intro, table(('variable', 'sets', 'description'), rows))
