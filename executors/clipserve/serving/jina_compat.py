@@ -4,7 +4,8 @@ Jina version it was checked against. Upgrading Jina means re-checking this file,
 Checked against jina 3.34.0 (the last release, 2025-03). Each section names its user:
 
 - gRPC server options (every server Jina builds in clipserve's processes): message size, ping policy;
-- endpoint handlers (routing.py): Jina's wrapper for a function it can call as an endpoint;
+- endpoint handlers (routing.py): Jina's wrapper for a function it can call as an endpoint; the logger
+  Jina's worker logs an endpoint's exceptions with (error_logs.py);
 - the executor's own server (lifecycle.py's drain): Jina hands an executor no reference to it;
 - one request to one executor or head (readiness.py's probe): Jina's data request, channel and stub;
 - network errors (openai_gateway.py) and running a Flow from a file (the command line);
@@ -94,6 +95,13 @@ def allow_concurrent_requests(executor) -> None:
     import contextlib
 
     executor._lock = contextlib.AsyncExitStack()
+
+
+def worker_logger(executor) -> logging.Logger | None:
+    """The logger Jina's worker logs an endpoint's exceptions with (Jina 3.34: a JinaLogger named after the
+    runtime, i.e. a `logging.Logger` of that name), or None for an executor built outside a Jina worker."""
+    name = getattr(getattr(executor, 'runtime_args', None), 'name', None)
+    return logging.getLogger(name) if name else None
 
 
 def endpoint_handler(function):

@@ -30,7 +30,8 @@ from clipserve.inputs.uris import UriPolicy
 from clipserve.models.names import parse_model_name
 from clipserve.serving.encoding import DocumentEncoder
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
-from clipserve.serving.jina_compat import allow_concurrent_requests, install_grpc_server_defaults
+from clipserve.serving.error_logs import quiet_client_errors
+from clipserve.serving.jina_compat import allow_concurrent_requests, install_grpc_server_defaults, worker_logger
 from clipserve.serving.lifecycle import install_drain_when_served
 from clipserve.serving.metrics import Metrics
 from clipserve.serving.routing import model_routes
@@ -178,6 +179,7 @@ class CLIPReplica(Executor):
         self._draining = False
         if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
             install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
+            quiet_client_errors(worker_logger(self))  # refusals: one line now and then, no traceback
         self.logger.info(
             f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
             f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}; '
