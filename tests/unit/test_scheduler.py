@@ -75,6 +75,26 @@ def test_a_small_request_behind_large_ones_runs_in_the_next_batch():
     assert set(model.batches[1]) >= {2, 3}  # the requests waiting together share the batch, fairly
 
 
+@pytest.mark.parametrize('kind', ['images', 'texts'])
+def test_a_newcomer_runs_in_the_next_batch_behind_more_large_requests_than_a_batch_has_rows(kind):
+    """16 requests of 8 rows wait (a replica under load): each batch of 8 takes a row from 8 of them, and a
+    newcomer that queued behind them all must not wait for the round robin to come round to it."""
+    images, texts = Recorder(delay=0.01), Recorder(delay=0.01)
+    texts.batches = images.batches  # one record of every forward pass, in the order they ran
+    images.gate.clear()
+    scheduler = Scheduler({'images': Task(images, batch=8), 'texts': Task(texts, batch=32)})
+    large = [scheduler.submit('images', rows(tag, 8), request=f'large-{tag}') for tag in range(1, 17)]
+    time.sleep(0.05)  # the first batch is running, held at the gate
+    small = scheduler.submit(kind, rows(99, 1), request='small')
+    images.gate.set()
+    small.result(5)
+    [f.result(5) for f in large]
+    scheduler.close()
+    first_with_small = next(i for i, batch in enumerate(images.batches) if 99 in batch)
+    assert first_with_small == 1, images.batches[:4]  # right after the batch that was running
+    assert sorted(sum(images.batches, [])) == sorted([tag for tag in range(1, 17) for _ in range(8)] + [99])
+
+
 def test_two_large_requests_interleave_round_robin():
     model = Recorder()
     model.gate.clear()

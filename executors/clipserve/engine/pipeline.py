@@ -134,9 +134,14 @@ class EncodePipeline:
         t1 = time.perf_counter()
         futures = [
             self.scheduler.submit(
-                'texts', tokens.input_ids[rows], tokens.attention_mask[rows], request=request, deadline=deadline
+                'texts',
+                tokens.input_ids[rows],
+                tokens.attention_mask[rows],
+                request=request,
+                deadline=deadline,
+                served=i * self.minibatch_size,
             )
-            for rows in batches
+            for i, rows in enumerate(batches)
         ]
         try:
             for rows, future in zip(batches, futures):
@@ -188,7 +193,11 @@ class EncodePipeline:
                 del results
                 if ok:
                     job = self.scheduler.submit(
-                        'images', np.stack([pixels for _, pixels in ok]), request=request, deadline=deadline
+                        'images',
+                        np.stack([pixels for _, pixels in ok]),
+                        request=request,
+                        deadline=deadline,
+                        served=len(indices) + sum(len(w) for _, w in queued),
                     )
                     job.add_done_callback(lambda _, n=len(ok): self._room.give(n))
                     queued.append((job, [i for i, _ in ok]))

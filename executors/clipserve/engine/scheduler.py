@@ -6,12 +6,14 @@ one thread keeps memory flat (eight threads taking turns at a ViT-B-32: +211 MB;
 
 Requests hand it their rows as jobs (a minibatch of images or of token ids) and get futures. A batch
 is built as follows:
-- its kind (images or texts) is that of the request at the front of a round-robin order of the
-  requests that have rows waiting; every request that put rows into a batch goes to the back, so a
-  request that arrives behind large ones is at the front after the batch that is running now;
-- its rows come from every request waiting with that kind, a fair share each, round after round, up to
-  the kind's batch size: small concurrent requests are merged into one forward pass, and a large
-  request is cut into slices that interleave with everyone else's;
+- the requests that have rows waiting are ordered by the rows each has had so far (least first: a
+  newcomer is first), then by the rows it has waiting (fewest first), then round robin (every request
+  that put rows into a batch goes to the back), as room to decode is given (engine/room.py);
+- its kind (images or texts) is that of the first request in that order, so a request that arrives
+  behind large ones runs in the batch after the one running now, however many requests wait;
+- its rows come from every request waiting with that kind, in that order, a fair share each, round
+  after round, up to the kind's batch size: small concurrent requests are merged into one forward
+  pass, and a large request is cut into slices that interleave with everyone else's;
 - with `max_wait` set, a batch that is not full waits up to that long for more rows while other
   requests are still on their way (admitted, not yet handed over);
 - a job whose deadline has passed, or whose future was cancelled, is dropped before it runs.
@@ -99,6 +101,7 @@ class Scheduler:
         self.dropped = 0
         self._lock = threading.Condition()
         self._waiting: collections.OrderedDict[Hashable, collections.deque[_Job]] = collections.OrderedDict()
+        self._had: dict[Hashable, int] = {}  # rows each waiting request has had (see `served` in submit)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -107,10 +110,19 @@ class Scheduler:
     def batching(self) -> bool:
         return self.max_wait is not None
 
-    def submit(self, kind: str, *arrays: np.ndarray, request: Hashable = None, deadline: float | None = None) -> Future:
+    def submit(
+        self,
+        kind: str,
+        *arrays: np.ndarray,
+        request: Hashable = None,
+        deadline: float | None = None,
+        served: int = 0,
+    ) -> Future:
         """Queue `arrays` (row-aligned) for a `kind` pass; the future gives its [rows, D] output. `request`
         groups the jobs of one request for fairness (None: a request of its own); `deadline` is a
-        time.monotonic() after which the job is dropped with DeadlineExceededError."""
+        time.monotonic() after which the job is dropped with DeadlineExceededError; `served`: the rows of
+        this request submitted before this job, so that a large request's later minibatches do not count
+        as a newcomer's when its earlier ones have all run."""
         if kind not in self.tasks:
             raise KeyError(f'no task {kind!r}; known: {sorted(self.tasks)}')
         job = _Job(kind, arrays, request if request is not None else ('job', next(_ids)), deadline)
@@ -120,6 +132,8 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise CancelledError('the model thread is closed')
+            if job.request not in self._waiting:
+                self._had[job.request] = served
             self._waiting.setdefault(job.request, collections.deque()).append(job)
             self._lock.notify()
         return job.future
@@ -143,6 +157,7 @@ class Scheduler:
             self._closed = True
             left = [job for jobs in self._waiting.values() for job in jobs]
             self._waiting.clear()
+            self._had.clear()
             self._lock.notify()
         for job in left:
             job.future.cancel()
@@ -170,14 +185,28 @@ class Scheduler:
             if kept:
                 self._waiting[request] = kept
             else:
-                del self._waiting[request]
+                self._forget(request)
+
+    def _forget(self, request: Hashable) -> None:
+        """`request` has no rows waiting any more (lock held)."""
+        del self._waiting[request]
+        self._had.pop(request, None)
+
+    def _order(self) -> list[Hashable]:
+        """Waiting requests: least rows had first, then fewest rows waiting, then round robin (lock held)."""
+
+        def key(request: Hashable) -> tuple[int, int]:
+            return self._had.get(request, 0), sum(job.left for job in self._waiting[request])
+
+        return sorted(self._waiting, key=key)
 
     def _build(self) -> list[_Slice]:
         """The next batch (lock held; `_waiting` not empty)."""
-        first = next(iter(self._waiting.values()))[0]
+        order = self._order()
+        first = self._waiting[order[0]][0]
         kind, limit = first.kind, self.tasks[first.kind].batch
         slices, rows, contributors = [], 0, []
-        heads = {request: [job for job in jobs if job.kind == kind] for request, jobs in self._waiting.items()}
+        heads = {request: [job for job in self._waiting[request] if job.kind == kind] for request in order}
         heads = {request: jobs for request, jobs in heads.items() if jobs}
         while rows < limit and heads:
             share = max(1, -(-(limit - rows) // len(heads)))
@@ -189,6 +218,7 @@ class Scheduler:
                     n = min(take, job.left)
                     slices.append(_Slice(job, job.taken, job.taken + n))
                     job.taken += n
+                    self._had[request] = self._had.get(request, 0) + n
                     rows += n
                     take -= n
                     if job.left == 0:
@@ -205,7 +235,7 @@ class Scheduler:
                 if self._waiting[request]:
                     self._waiting.move_to_end(request)
                 else:
-                    del self._waiting[request]
+                    self._forget(request)
         return slices
 
     def _next_batch(self) -> list[_Slice] | None:
@@ -218,7 +248,7 @@ class Scheduler:
                     break
                 self._lock.wait()
             if self.batching:
-                kind = next(iter(self._waiting.values()))[0].kind
+                kind = self._waiting[self._order()[0]][0].kind
                 queued = sum(job.left for jobs in self._waiting.values() for job in jobs if job.kind == kind)
                 if queued < self.tasks[kind].batch and self.others_in_flight():
                     self._lock.wait(self.max_wait)  # more rows may be on their way
@@ -267,7 +297,7 @@ class Scheduler:
             if jobs and job in jobs:
                 jobs.remove(job)
                 if not jobs:
-                    del self._waiting[job.request]
+                    self._forget(job.request)
         if not job.future.done():
             job.future.set_exception(error)
 
