@@ -176,3 +176,32 @@ def test_room_goes_first_to_the_request_that_had_least_then_to_the_smallest():
     for thread in threads:
         thread.join(2)
     assert order == ['small', 'large-a', 'large-b', 'large-2nd']
+
+
+def test_room_comes_back_image_by_image_as_the_model_runs_them(tiny_backend):
+    """Two 8-image requests share forward passes, 4 images each: the 8 images a pass ran give their room
+    back at once, though neither request is done (room held until a whole minibatch had run would wait
+    for the slowest of the requests it was interleaved with)."""
+
+    class Gated(RecordingBackend):
+        def encode_images(self, pixels):
+            free_at_start.append(pipeline._room.free)
+            go.wait(5)
+            return super().encode_images(pixels)
+
+    free_at_start, go = [], threading.Event()
+    pipeline = EncodePipeline(Gated(tiny_backend), minibatch_size=8)
+    pixels = _pixels(tiny_backend)
+    try:
+        with ThreadPoolExecutor(3) as requests:
+            blocker = requests.submit(pipeline.encode_images, [lambda: pixels], request='blocker')
+            time.sleep(0.2)  # its one image holds the model thread at the gate
+            both = [requests.submit(pipeline.encode_images, [lambda: pixels] * 8, request=r) for r in 'ab']
+            time.sleep(0.3)  # both requests' images are decoded and queued
+            go.set()
+            results = [f.result(10) for f in [blocker, *both]]
+    finally:
+        pipeline.close()
+    assert [r.indices for r in results] == [[0], list(range(8)), list(range(8))]
+    capacity = pipeline._room.capacity
+    assert free_at_start[:3] == [capacity - 1, capacity - 16, capacity - 8]

@@ -2,8 +2,9 @@
 
 Images come in as sources: a decoder (pixels from bytes, or from content the request carried) and,
 for an image named by URI, a fetch. Fetches run in the fetch pool within the request's budget
-(engine/fetch.py); decoding runs in the preprocessing pool, an image only once its bytes are there,
-so no decoding thread ever waits on the network; minibatches go to the model thread (engine/
+(engine/fetch.py); decoding runs in the preprocessing pool (engine/priority_pool.py: a newcomer's
+images first, in the order room is given), an image only once its bytes are there, so no decoding
+thread ever waits on the network; minibatches go to the model thread (engine/
 scheduler.py) as soon as they are decoded, while the next minibatch is fetched and decoded. Pillow
 and numpy release the GIL, so this overlaps for real. Failures are collected per item, never raised
 mid-way, so the caller can name every bad item at once.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
@@ -23,6 +24,7 @@ from clipserve.backends.base import Backend
 from clipserve.engine.fetch import FetchBudget, FetchPool
 from clipserve.engine.memory import release_free_memory
 from clipserve.engine.multi_vector import token_rows
+from clipserve.engine.priority_pool import PriorityPool
 from clipserve.engine.room import Room
 from clipserve.engine.scheduler import Scheduler, Task
 
@@ -75,7 +77,7 @@ class EncodePipeline:
         self.minibatch_size = minibatch_size
         self.tokenizer = backend.tokenizer
         self.fetch_budget = fetch_budget
-        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix='clipserve-preprocess')
+        self._pool = PriorityPool(num_workers)  # decodes in the order room is given (room.py)
         self._fetches = FetchPool(fetch_threads)
         # decoded images waiting for the model, all requests together (each pixel array is large)
         self._room = Room(max(4 * minibatch_size, 64))
@@ -99,7 +101,7 @@ class EncodePipeline:
 
     def close(self) -> None:
         """Stop: queued work is cancelled; a forward pass already running finishes (the backend is closed next)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self._fetches.close()
         self.scheduler.close()
 
@@ -169,16 +171,17 @@ class EncodePipeline:
             range(i, min(i + self.minibatch_size, len(sources))) for i in range(0, len(sources), self.minibatch_size)
         ]
         rows, indices, failures = [], [], []
-        queued: deque[tuple[Future, list[int]]] = deque()  # minibatches at the model thread
+        queued: deque[tuple[list[Future], list[int]]] = deque()  # minibatches at the model thread, a job per image
 
         held = [0]  # rows of room taken for the window being decoded, not yet handed on
         taken = [0]  # rows of room this request has had: requests that had less go first (room.py)
 
         def prepare(window: range) -> list[Future]:
             self._room.take(len(window), deadline, had=taken[0])  # decoded pixels wait here, not in memory
+            priority = (taken[0], len(window))  # decoded in the order room goes by
             held[0] = len(window)
             taken[0] += len(window)
-            return self._items([sources[i] for i in window], fetches)
+            return self._items([sources[i] for i in window], fetches, priority)
 
         try:
             pending = prepare(windows[0]) if windows else []
@@ -192,31 +195,34 @@ class EncodePipeline:
                 self._room.give(len(window) - len(ok))
                 del results
                 if ok:
-                    job = self.scheduler.submit(
-                        'images',
-                        np.stack([pixels for _, pixels in ok]),
-                        request=request,
-                        deadline=deadline,
-                        served=len(indices) + sum(len(w) for _, w in queued),
-                    )
-                    job.add_done_callback(lambda _, n=len(ok): self._room.give(n))
-                    queued.append((job, [i for i, _ in ok]))
-                    del ok
+                    # a job per image: its pixels and its room are given back as soon as it has run, not when
+                    # the whole minibatch has (which, interleaved with other requests', may be many passes later)
+                    served = len(indices) + sum(len(w) for _, w in queued)
+                    jobs = []
+                    for k, (_, pixels) in enumerate(ok):
+                        job = self.scheduler.submit(
+                            'images', pixels[None], request=request, deadline=deadline, served=served + k
+                        )
+                        job.add_done_callback(lambda _: self._room.give(1))
+                        jobs.append(job)
+                    queued.append((jobs, [i for i, _ in ok]))
+                    del ok, pixels
                 # the next window is fetched and decoded while this one waits for, and runs on, the model
                 pending = prepare(windows[n + 1]) if n + 1 < len(windows) else []
                 while len(queued) > AHEAD:
-                    future, ok_indices = queued.popleft()
-                    rows.append(self._wait(future, times))
+                    jobs, ok_indices = queued.popleft()
+                    rows += [self._wait(job, times) for job in jobs]
                     indices.extend(ok_indices)
             while queued:
-                future, ok_indices = queued.popleft()
-                rows.append(self._wait(future, times))
+                jobs, ok_indices = queued.popleft()
+                rows += [self._wait(job, times) for job in jobs]
                 indices.extend(ok_indices)
         finally:
             fetches.cancel()
             self._room.give(held[0])
-            for future, _ in queued:
-                future.cancel()  # its room comes back through its done callback
+            for jobs, _ in queued:
+                for job in jobs:
+                    job.cancel()  # its room comes back through its done callback
         shape = self.backend.output_shape('images')
         embeddings = np.concatenate(rows) if rows else np.zeros((0, *shape), np.float32)
         if self.backend.multi_vector:
@@ -230,20 +236,20 @@ class EncodePipeline:
         times.inference += time.perf_counter() - t1
         return out
 
-    def _items(self, sources: Sequence[ImageSource], fetches) -> list[Future]:
+    def _items(self, sources: Sequence[ImageSource], fetches, priority=(0, 0)) -> list[Future]:
         """Per source, a future of (pixels, None) or (None, reason): decoded once its bytes are fetched."""
         items = []
         for source in sources:
             if source.fetch is None:
-                items.append(self._pool.submit(_guarded, source.decode, None))
+                items.append(self._pool.submit(priority, _guarded, source.decode, None))
                 continue
             item: Future = Future()
             fetched = fetches.start(source.fetch)
-            fetched.add_done_callback(lambda f, s=source, out=item: self._decode_fetched(f, s, out))
+            fetched.add_done_callback(lambda f, s=source, out=item: self._decode_fetched(f, s, out, priority))
             items.append(item)
         return items
 
-    def _decode_fetched(self, fetched: Future, source: ImageSource, out: Future) -> None:
+    def _decode_fetched(self, fetched: Future, source: ImageSource, out: Future, priority) -> None:
         if fetched.cancelled():
             out.set_result((None, 'not fetched: the request ended first'))
             return
@@ -252,11 +258,13 @@ class EncodePipeline:
             out.set_result((None, _reason(error)))
             return
         try:
-            decoding = self._pool.submit(_guarded, source.decode, fetched.result())
+            decoding = self._pool.submit(priority, _guarded, source.decode, fetched.result())
         except RuntimeError as stopped:  # the pool is shut down
             out.set_result((None, _reason(stopped)))
             return
-        decoding.add_done_callback(lambda d: out.set_result(d.result()))
+        decoding.add_done_callback(
+            lambda d: out.set_result((None, 'not decoded: the replica is stopping') if d.cancelled() else d.result())
+        )
 
 
 def _no_bytes(load: Callable[[], np.ndarray]) -> Callable[[bytes | None], np.ndarray]:

@@ -1,7 +1,7 @@
 """Room for decoded images: how many rows of pixels may wait for the model at once, all requests together.
 
-A request takes room before it decodes a minibatch and gives it back once the model has run it (or the
-image failed), so under any load decoded pixels in memory stay bounded. When room is short, who gets it
+A request takes room before it decodes a minibatch and gives each image's row back once the model has
+run that image (or the image failed), so under any load decoded pixels in memory stay bounded. When room is short, who gets it
 next decides who waits: not the first to ask (a small request would wait behind every large one admitted
 before it, each holding its place), nor whichever thread wakes first, but the waiter whose request has had
 the least room so far, then the one asking for fewer rows, then the earliest. A newcomer's first minibatch
