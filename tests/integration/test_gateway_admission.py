@@ -39,7 +39,8 @@ def flow(tmp_path_factory):
         executor['uses'] = {
             'jtype': 'HeldCLIPEncoder',
             'py_modules': ['clipserve', str(HELD)],
-            'with': {'name': TINY, 'hold_dir': str(hold), 'max_requests': MAX_REQUESTS},
+            # no small reserve: the held requests and the probes are all one-text (small) requests
+            'with': {'name': TINY, 'hold_dir': str(hold), 'max_requests': MAX_REQUESTS, 'small_request_reserve': 0},
         }
 
     with flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), edit, {'CLIPSERVE_MODEL': TINY}):

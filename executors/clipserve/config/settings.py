@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clipserve.config.parameters import check_access_paths, check_bool, env_or_default
+from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.errors import InvalidParameterError
 
 BACKEND_NAMES = ('torch', 'onnx', 'openvino', 'tensorrt')
@@ -200,6 +201,15 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         4096,
         'Documents a replica holds at once (a larger request alone is still served).',
         minimum=1,
+        section='limits',
+    ),
+    _s(
+        'small_request_reserve',
+        'int',
+        16,
+        f'Places beyond max_requests that only requests of at most {SMALL_REQUEST_DOCUMENTS} documents (a query, '
+        'a caption) may take, so large requests that fill a replica cannot refuse them.',
+        minimum=0,
         section='limits',
     ),
     _s(

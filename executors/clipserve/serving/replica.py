@@ -95,6 +95,7 @@ class CLIPReplica(Executor):
         fetch_max_bytes=None,
         max_requests=None,
         max_documents=None,
+        small_request_reserve=None,
         max_request_seconds=None,
         serve_default=None,
         served_models=None,
@@ -145,7 +146,9 @@ class CLIPReplica(Executor):
         self.preprocess_config = dataclasses.replace(
             self.backend.preprocess, max_pixels=settings.max_image_pixels, jpeg_draft=settings.jpeg_draft
         )
-        self.admission = Admission(Limits(settings.max_requests, settings.max_documents))
+        self.admission = Admission(
+            Limits(settings.max_requests, settings.max_documents, small_reserve=settings.small_request_reserve)
+        )
         self.metrics = Metrics(
             getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
         )
@@ -167,7 +170,8 @@ class CLIPReplica(Executor):
         )
         # each admitted request runs on a thread of its own (see __acall__), and requests run concurrently
         # whatever the Flow says (the pipeline is thread-safe), so they can share forward passes
-        self._request_threads = ThreadPoolExecutor(settings.max_requests + 2, thread_name_prefix='clipserve-request')
+        places = settings.max_requests + settings.small_request_reserve
+        self._request_threads = ThreadPoolExecutor(places + 2, thread_name_prefix='clipserve-request')
         self._threads_installed = False
         allow_concurrent_requests(self)
         self.encoder = DocumentEncoder(
@@ -184,7 +188,8 @@ class CLIPReplica(Executor):
             f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
             f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}; '
             f'threads {self.threads or "OMP_NUM_THREADS"} ({copies} copies of this executor on {os.cpu_count()} cores); '
-            f'limits: {settings.max_requests} requests, {settings.max_documents} documents in flight'
+            f'limits: {settings.max_requests} requests (and {settings.small_request_reserve} small ones), '
+            f'{settings.max_documents} documents in flight'
         )
 
     def _warm_up(self) -> float:
@@ -234,7 +239,7 @@ class CLIPReplica(Executor):
         docs = kwargs.get('docs')
         count = count_documents(docs) if docs is not None else 0
         try:
-            self.admission.enter(count)
+            reserved = self.admission.enter(count)
         except OverloadedError as error:
             self.metrics.refused(self.backend.model_name, error.limit)
             raise
@@ -244,7 +249,7 @@ class CLIPReplica(Executor):
             self.metrics.error(self.backend.model_name, error)
             raise
         finally:
-            self.admission.leave(count)
+            self.admission.leave(count, reserved)
 
     def _deadline(self, parameters: dict | None) -> float:
         timeout = (parameters or {}).get('timeout_seconds')
@@ -279,7 +284,11 @@ class CLIPReplica(Executor):
             'documents_in_flight': self.admission.documents,
             'refused': self.admission.refused,
             'threads': self.threads,
-            'limits': {'max_requests': self.settings.max_requests, 'max_documents': self.settings.max_documents},
+            'limits': {
+                'max_requests': self.settings.max_requests,
+                'max_documents': self.settings.max_documents,
+                'small_request_reserve': self.settings.small_request_reserve,
+            },
             'load_seconds': round(self.load_seconds, 3),
             'warmup_seconds': round(self.warmup_seconds, 3),
             'draining': self._draining,
