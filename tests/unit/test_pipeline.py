@@ -205,3 +205,21 @@ def test_room_comes_back_image_by_image_as_the_model_runs_them(tiny_backend):
     assert [r.indices for r in results] == [[0], list(range(8)), list(range(8))]
     capacity = pipeline._room.capacity
     assert free_at_start[:3] == [capacity - 1, capacity - 16, capacity - 8]
+
+
+def test_a_small_newcomer_takes_the_reserve_when_the_room_is_full():
+    """A one-image request that has had no room goes ahead at once, within a reserve of 3 rows beyond the room;
+    a large newcomer, a small request's later minibatch and a newcomer past the reserve wait for room."""
+    room = Room(8, reserve=3, small=2)
+    room.take(8)
+    room.take(1, had=0)
+    room.take(2, had=0)
+    assert room.free == -3
+    for rows, had in [(1, 0), (4, 0), (1, 5)]:
+        with pytest.raises(DeadlineExceededError):
+            room.take(rows, deadline=time.monotonic() + 0.05, had=had)
+    room.give(3)
+    room.take(2, had=0)  # the reserve it gave back
+    room.give(2)
+    room.give(8)
+    assert room.free == 8

@@ -182,3 +182,20 @@ def test_close_cancels_queued_jobs_and_refuses_new_ones():
     assert running.result(5)[0, 0] == 10 and queued.cancelled()
     with pytest.raises(Exception, match='closed'):
         scheduler.submit('x', rows(3, 1))
+
+
+def test_with_small_short_a_pass_led_by_small_newcomers_is_short_and_theirs_first():
+    """Images on a CPU: a query image's pass takes 4 rows, not 8 (a full pass of 8 is what it would otherwise
+    wait for): the small newcomers waiting together first, then others' rows."""
+    model = Recorder(delay=0.01)
+    model.gate.clear()
+    scheduler = Scheduler({'images': Task(model, batch=8, small_short=4)})
+    large = [scheduler.submit('images', rows(tag, 8), request=f'large-{tag}') for tag in range(1, 5)]
+    time.sleep(0.05)  # the first batch is running, held at the gate
+    small = [scheduler.submit('images', rows(tag, n), request=f'small-{tag}') for tag, n in [(98, 1), (99, 2)]]
+    model.gate.set()
+    [f.result(5) for f in small + large]
+    scheduler.close()
+    assert len(model.batches[1]) == 4 and sorted(model.batches[1])[1:] == [98, 99, 99]
+    assert [len(batch) for batch in model.batches[2:]] == [8, 8, 7]  # full passes again
+    assert sorted(sum(model.batches, [])) == sorted([t for t in range(1, 5) for _ in range(8)] + [98, 99, 99])

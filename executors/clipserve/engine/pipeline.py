@@ -21,6 +21,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from clipserve.backends.base import Backend
+from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.fetch import FetchBudget, FetchPool
 from clipserve.engine.memory import release_free_memory
 from clipserve.engine.multi_vector import token_rows
@@ -79,14 +80,19 @@ class EncodePipeline:
         self.fetch_budget = fetch_budget
         self._pool = PriorityPool(num_workers)  # decodes in the order room is given (room.py)
         self._fetches = FetchPool(fetch_threads)
-        # decoded images waiting for the model, all requests together (each pixel array is large)
-        self._room = Room(max(4 * minibatch_size, 64))
+        # decoded images waiting for the model, all requests together (each pixel array is large); a small
+        # newcomer (a query image) may take 8 rows more, so it does not wait for room (room.py)
+        self._room = Room(max(4 * minibatch_size, 64), reserve=8, small=SMALL_REQUEST_DOCUMENTS)
         # A forward pass of images on a CPU runs `cpu_image_chunk` images (backends/base.py): the scheduler
         # interleaves requests at that grain, so a small request waits for one such pass, not a minibatch.
         image_batch = min(minibatch_size, backend.cpu_image_chunk) if backend.device == 'cpu' else minibatch_size
         self.scheduler = Scheduler(
             {
-                'images': Task(_releasing_memory(backend.encode_images), image_batch),
+                'images': Task(
+                    _releasing_memory(backend.encode_images),
+                    image_batch,
+                    small_short=SMALL_REQUEST_DOCUMENTS if backend.device == 'cpu' else 0,
+                ),
                 # the backend trims padding (Backend.encode_texts), also after requests were merged
                 'texts': Task(_releasing_memory(backend.encode_texts), minibatch_size, pad_columns=True),
             },

@@ -6,8 +6,10 @@ next decides who waits: not the first to ask (a small request would wait behind 
 before it, each holding its place), nor whichever thread wakes first, but the waiter whose request has had
 the least room so far, then the one asking for fewer rows, then the earliest. A newcomer's first minibatch
 so goes ahead of the later minibatches of large requests, and a one-image request ahead of an eight-image
-one: it waits about one forward pass for room, as it does at the model (engine/scheduler.py). Large
-requests still progress: the requests a replica holds are bounded (engine/admission.py).
+one. And a small newcomer (it has had no room, and asks for at most `small` rows: a query image) does not
+wait at all: it may take up to `reserve` rows beyond the room, so it waits only for the forward pass
+running now (engine/scheduler.py). Large requests still progress: the requests a replica holds are
+bounded (engine/admission.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from clipserve.errors import DeadlineExceededError
 
 
 class Room:
-    def __init__(self, rows: int):
+    def __init__(self, rows: int, reserve: int = 0, small: int = 0):
         self.capacity = rows
-        self.free = rows
+        self.free = rows  # below 0 while small newcomers hold part of the reserve
+        self.reserve = reserve
+        self.small = small
         self._changed = threading.Condition()
         self._waiting: list[tuple[int, int, int]] = []  # (rows had, rows asked, arrival): a heap, first goes next
         self._arrivals = itertools.count()
@@ -32,11 +36,13 @@ class Room:
         """Wait for `rows` rows of room (a minibatch larger than the whole room waits until it is empty);
         `had`: the rows this request took before, which puts it behind requests that had fewer."""
         need = min(rows, self.capacity)
+        # what must be free: a small newcomer may dip into the reserve
+        enough = need - self.reserve if had == 0 and need <= self.small else need
         with self._changed:
             ticket = (had, need, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
             try:
-                while self._waiting[0] != ticket or self.free < need:
+                while self._waiting[0] != ticket or self.free < enough:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise DeadlineExceededError(

@@ -13,7 +13,10 @@ is built as follows:
   behind large ones runs in the batch after the one running now, however many requests wait;
 - its rows come from every request waiting with that kind, in that order, a fair share each, round
   after round, up to the kind's batch size: small concurrent requests are merged into one forward
-  pass, and a large request is cut into slices that interleave with everyone else's;
+  pass, and a large request is cut into slices that interleave with everyone else's; for a kind whose
+  passes are long (images on a CPU: `Task.small_short`), a pass led by a small newcomer takes as many
+  rows as a small request has (its own first), so a query image waits for the pass running now and
+  a short one of its own;
 - with `max_wait` set, a batch that is not full waits up to that long for more rows while other
   requests are still on their way (admitted, not yet handed over);
 - a job whose deadline has passed, or whose future was cancelled, is dropped before it runs.
@@ -43,11 +46,14 @@ def pad_to(arrays: Sequence[np.ndarray], width: int) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class Task:
     """One kind of forward pass: `fn` maps row-aligned arrays to [rows, D]; `batch` is the most rows one
-    pass takes; `pad_columns` right-pads 2-d arrays of different widths (token ids) before merging."""
+    pass takes; `pad_columns` right-pads 2-d arrays of different widths (token ids) before merging;
+    `small_short`: a pass led by a small newcomer (a request that has had no rows, with at most that many
+    waiting) takes at most that many rows, so it is short (0: every pass may take `batch` rows)."""
 
     fn: Callable[..., np.ndarray]
     batch: int
     pad_columns: bool = False
+    small_short: int = 0
 
 
 _ids = itertools.count()
@@ -200,14 +206,23 @@ class Scheduler:
 
         return sorted(self._waiting, key=key)
 
-    def _build(self) -> list[_Slice]:
-        """The next batch (lock held; `_waiting` not empty)."""
-        order = self._order()
-        first = self._waiting[order[0]][0]
-        kind, limit = first.kind, self.tasks[first.kind].batch
-        slices, rows, contributors = [], 0, []
-        heads = {request: [job for job in self._waiting[request] if job.kind == kind] for request in order}
-        heads = {request: jobs for request, jobs in heads.items() if jobs}
+    def _is_small_newcomer(self, request: Hashable, small: int) -> bool:
+        return self._had.get(request, 0) == 0 and sum(job.left for job in self._waiting[request]) <= small
+
+    def _fill(self, order, kind: str, limit: int, rows: int, slices: list, contributors: list) -> int:
+        """Add rows of `kind` from the requests in `order`, a fair share each, round after round, until the
+        batch has `limit` rows (lock held); returns the batch's rows."""
+        heads = {}  # per request, its first jobs of this kind: no more than one batch of rows
+        for request in order:
+            jobs, rows_seen = [], 0
+            for job in self._waiting[request]:
+                if rows_seen >= limit:
+                    break
+                if job.kind == kind:
+                    jobs.append(job)
+                    rows_seen += job.left
+            if jobs:
+                heads[request] = jobs
         while rows < limit and heads:
             share = max(1, -(-(limit - rows) // len(heads)))
             for request in list(heads):
@@ -230,6 +245,22 @@ class Scheduler:
                     del heads[request]
                 if rows >= limit:
                     break
+        return rows
+
+    def _build(self) -> list[_Slice]:
+        """The next batch (lock held; `_waiting` not empty)."""
+        order = self._order()
+        first = self._waiting[order[0]][0]
+        kind, limit = first.kind, self.tasks[first.kind].batch
+        small = self.tasks[kind].small_short
+        groups = [order]
+        if small and self._is_small_newcomer(order[0], small):
+            limit = min(limit, small)  # a short pass: every small newcomer's rows first, then others'
+            newcomers = {request for request in order if self._is_small_newcomer(request, small)}
+            groups = [[r for r in order if r in newcomers], [r for r in order if r not in newcomers]]
+        slices, rows, contributors = [], 0, []
+        for group in groups:
+            rows = self._fill(group, kind, limit, rows, slices, contributors)
         for request in contributors:  # to the back of the round robin
             if request in self._waiting:
                 if self._waiting[request]:
