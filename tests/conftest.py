@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from .certificates import self_signed
+
 os.environ.setdefault('NO_VERSION_CHECK', '1')  # clip-client's PyPI check
 os.environ.setdefault('JINA_OPTOUT_TELEMETRY', '1')  # no calls home from test Flows
 os.environ.setdefault('JINA_LOG_LEVEL', 'WARNING')
@@ -67,32 +69,7 @@ def tiny_onnx_export(tmp_path_factory):
 @pytest.fixture(scope='session')
 def certificate(tmp_path_factory):
     """A self-signed certificate for localhost and 127.0.0.1, made at test time: (cert.pem, key.pem)."""
-    import subprocess
-
-    folder = tmp_path_factory.mktemp('tls')
-    subprocess.run(
-        [
-            'openssl',
-            'req',
-            '-x509',
-            '-newkey',
-            'rsa:2048',
-            '-nodes',
-            '-keyout',
-            str(folder / 'key.pem'),
-            '-out',
-            str(folder / 'cert.pem'),
-            '-days',
-            '2',
-            '-subj',
-            '/CN=localhost',
-            '-addext',
-            'subjectAltName=DNS:localhost,IP:127.0.0.1',
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return folder / 'cert.pem', folder / 'key.pem'
+    return self_signed(tmp_path_factory.mktemp('tls'), 'localhost', 'DNS:localhost,IP:127.0.0.1')
 
 
 @pytest.fixture(scope='session')

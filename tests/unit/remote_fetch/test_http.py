@@ -3,7 +3,6 @@ proxies ignored, and https verified for the name while connecting to the checked
 only (conftest.py's fixtures)."""
 
 import ssl
-import subprocess
 import time
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from clipserve.inputs import remote
 from clipserve.inputs.uris import UriError, UriPolicy
 
+from ...certificates import self_signed
 from .servers import Server, answer, standard
 
 DEADLINE_BOUND = 3.0  # seconds a refused body may take at most: a bound, not a benchmark
@@ -108,30 +108,8 @@ def test_proxy_environment_variables_are_not_honoured(server, monkeypatch):
 
 @pytest.fixture(scope='module')
 def tls_test_cert(tmp_path_factory):
-    folder = tmp_path_factory.mktemp('tls-test')
-    subprocess.run(
-        [
-            'openssl',
-            'req',
-            '-x509',
-            '-newkey',
-            'rsa:2048',
-            '-nodes',
-            '-keyout',
-            str(folder / 'key.pem'),
-            '-out',
-            str(folder / 'cert.pem'),
-            '-days',
-            '2',
-            '-subj',
-            '/CN=tls.test',
-            '-addext',
-            'subjectAltName=DNS:tls.test',
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return str(folder / 'cert.pem'), str(folder / 'key.pem')
+    cert, key = self_signed(tmp_path_factory.mktemp('tls-test'), 'tls.test', 'DNS:tls.test')
+    return str(cert), str(key)
 
 
 @pytest.fixture
