@@ -201,13 +201,13 @@ class Scheduler:
     def _order(self) -> list[Hashable]:
         """Waiting requests: least rows had first, then fewest rows waiting, then round robin (lock held)."""
 
-        def key(request: Hashable) -> tuple[int, int]:
-            return self._had.get(request, 0), sum(job.left for job in self._waiting[request])
+        return sorted(self._waiting, key=lambda request: (self._had.get(request, 0), self._rows_waiting(request)))
 
-        return sorted(self._waiting, key=key)
+    def _rows_waiting(self, request: Hashable) -> int:
+        return sum(job.left for job in self._waiting[request])
 
     def _is_small_newcomer(self, request: Hashable, small: int) -> bool:
-        return self._had.get(request, 0) == 0 and sum(job.left for job in self._waiting[request]) <= small
+        return self._had.get(request, 0) == 0 and self._rows_waiting(request) <= small
 
     def _fill(self, order, kind: str, limit: int, rows: int, slices: list, contributors: list) -> int:
         """Add rows of `kind` from the requests in `order`, a fair share each, round after round, until the
