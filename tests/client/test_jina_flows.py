@@ -228,8 +228,8 @@ def test_async_methods(plain_flow, reference, image_file):
 
 
 def test_ten_thousand_texts_with_a_progress_bar(plain_flow, capfd):
-    """20 requests of 500 at once (prefetch 100) pass the replica's admission bound (max_documents=4096):
-    the refused ones are sent again after the server's retry_after, so the retries are room for that."""
+    """20 requests of 500 at once (prefetch 100): more documents than a replica's max_documents (4096); the
+    ones past it wait for room in the replica (none refused; the retries are room for a slow machine)."""
     texts = [f'caption {i}' for i in range(10_000)]
     out = Client(url('grpc', plain_flow['grpc']), retries=8).encode(texts, batch_size=500, show_progress=True)
     assert out.shape == (10_000, 64)

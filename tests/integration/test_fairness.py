@@ -131,14 +131,17 @@ def test_a_request_past_its_deadline_is_dropped_with_a_clear_error(flow):
         post(flow, images(1), {'timeout_seconds': -1})
 
 
-def test_past_its_limits_a_replica_refuses_at_once_with_a_retryable_error(flow):
-    """max_requests 64 per replica by default; here the document limit: two requests of 5,000 images, the second
-    refused at once (not queued), naming the limit and when to retry; the Flow keeps serving."""
+def test_past_its_document_bound_a_request_waits_for_room_and_small_ones_do_not(flow):
+    """max_documents (8,192 here): of two requests of 5,000 images, the second waits for the first to leave
+    (not refused: one client's batches may be that large), failing clearly if its deadline passes first, while a
+    small request runs at once; the Flow keeps serving."""
     first = other_client(flow, images=5000, seed=7, parameters={'timeout_seconds': 30})
     time.sleep(8)  # admitted and running
-    with pytest.raises(Exception, match='max_documents') as refused:
-        post(flow, images(5000, seed=9))
-    assert 'retry after' in str(refused.value)
-    assert first.poll() is None  # refused while the first still runs: not queued behind it
+    started = time.perf_counter()
+    with pytest.raises(Exception, match='max_documents') as late:
+        post(flow, images(5000, seed=9), {'timeout_seconds': 2})
+    assert 'deadline exceeded waiting for room' in str(late.value) and time.perf_counter() - started < 10
+    assert post(flow, images(1))[0][0].embedding is not None  # small: no wait for documents
+    assert first.poll() is None  # all this while the first still runs
     assert not answer(first)['ok']  # its own deadline
     assert post(flow, images(1))[0][0].embedding is not None

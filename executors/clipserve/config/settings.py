@@ -199,7 +199,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         'max_documents',
         'int',
         4096,
-        'Documents a replica holds at once (a larger request alone is still served).',
+        'Documents a replica works on at once; a request that would pass it waits for room (a larger one runs alone).',
         minimum=1,
         section='limits',
     ),

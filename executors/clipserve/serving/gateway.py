@@ -194,7 +194,7 @@ class ReadyGateway(CompositeGateway):
             flow, metrics, playground = self.openai
             app = v1_routes.OpenAIRoutes(app, flow, self.limits, metrics, playground, self.logger)
         app = ReadinessMiddleware(app, self.readiness)
-        app = limits_.Admission(app, self.in_flight, uncounted)
+        app = limits_.Admission(app, self.in_flight, uncounted, self.limits.max_stream_requests)
         if self.token:
             app = TokenMiddleware(app, self.token)
         return limits_.BodyLimit(app, self.limits.max_body_bytes, self.gateway_metrics)

@@ -15,9 +15,10 @@ Every limit answers at once with a clear refusal that names it, before the gatew
   protocol (an HTTP request, a gRPC call, a WebSocket connection); past it HTTP 429 with `Retry-After`,
   gRPC RESOURCE_EXHAUSTED (with `retry-after` and gRPC's `grpc-retry-pushback-ms` trailers), a WebSocket
   closed with 1013 (try again later). Health and readiness checks are never counted nor refused.
-- `max_stream_requests` (32): requests of one client stream (a gRPC call, a WebSocket) the gateway holds at
-  once. Jina's clients keep `prefetch` requests in flight on their stream (clip-client: 100), more than a
-  replica admits (its max_requests); past this bound the stream waits in its flow control, nothing refused.
+- `max_stream_requests` (32): requests of one client stream (a gRPC call, a WebSocket), or HTTP requests of one
+  client address, the gateway lets through at once. Jina's clients keep `prefetch` requests in flight
+  (clip-client: 100), more than a replica admits (its max_requests); past this bound a stream waits in its
+  flow control, an HTTP request with its body unread (PeerShare); nothing refused.
 
 A refused gRPC call is refused without reading its messages (`refusing`): gRPC 1.68 buffers a whole message
 before it checks its size (grpc/grpc#43012), so reading one to refuse it would hold it all.
@@ -35,6 +36,7 @@ import grpc
 from clipserve.config.settings import MiB, Setting, read_settings
 from clipserve.serving import openai_api as api
 from clipserve.serving.jina_gateway import CappedPrefetch
+from clipserve.serving.peer_share import PeerShare
 
 GATEWAY_SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -68,7 +70,7 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
         'max_stream_requests',
         'int',
         32,
-        "Requests of one client stream (gRPC, WebSocket) in flight at once; more wait in the stream's flow control.",
+        'Requests of one client stream (gRPC, WebSocket) or HTTP client address let through at once; more wait.',
         minimum=1,
         section='gateway',
     ),
@@ -258,13 +260,15 @@ class BodyLimit:
 
 
 class Admission:
-    """ASGI: counts HTTP requests and WebSocket connections in flight, refusing past the bound; `exempt(scope)`
-    names what is never counted (health and readiness checks, the static page)."""
+    """ASGI: counts HTTP requests and WebSocket connections in flight, refusing past the bound, and lets at
+    most `peer_cap` HTTP requests of one client address through at once (PeerShare); `exempt(scope)` names
+    what is never counted (health and readiness checks, the static page)."""
 
-    def __init__(self, app, in_flight: InFlight, exempt):
+    def __init__(self, app, in_flight: InFlight, exempt, peer_cap: int | None = None):
         self.app = app
         self.in_flight = in_flight
         self.exempt = exempt
+        self.peers = PeerShare(peer_cap) if peer_cap else None
 
     async def __call__(self, scope, receive, send):
         if scope['type'] not in ('http', 'websocket') or self.exempt(scope):
@@ -273,7 +277,11 @@ class Admission:
         if not self.in_flight.enter(protocol):
             return await self._refuse(scope, receive, send)
         try:
-            await self.app(scope, receive, send)
+            if self.peers is None or protocol != 'http':
+                await self.app(scope, receive, send)
+            else:
+                async with self.peers.share(str((scope.get('client') or ('?',))[0])):
+                    await self.app(scope, receive, send)
         finally:
             self.in_flight.leave()
 

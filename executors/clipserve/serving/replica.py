@@ -243,13 +243,16 @@ class CLIPReplica(Executor):
         except OverloadedError as error:
             self.metrics.refused(self.backend.model_name, error.limit)
             raise
+        ran = False
         try:
+            await self.admission.documents_room(count, self._deadline(kwargs.get('parameters')))
+            ran = True
             return await super().__acall__(req_endpoint, **kwargs)
         except Exception as error:
             self.metrics.error(self.backend.model_name, error)
             raise
         finally:
-            self.admission.leave(count, reserved)
+            self.admission.leave(count, reserved, ran)
 
     def _deadline(self, parameters: dict | None) -> float:
         timeout = (parameters or {}).get('timeout_seconds')
