@@ -4,6 +4,7 @@ requests of one client stream held to max_stream_requests, a replica's overload 
 answered by their kind on every protocol, and requests whose client gave up cancelled down to the executor."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import requests
 from clip_client import Client as ClipClient
 
+from ..procfs import pid_listening_on
 from .conftest import TINY, flow_from_yaml, free_port, health, set_port, wait_for
 
 HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'
@@ -118,12 +120,22 @@ def post_v1(flow, body, headers=None, timeout=60):
     return requests.post(f'http://127.0.0.1:{flow["http"]}/v1/embeddings', json=body, headers=headers, timeout=timeout)
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+
 def test_one_client_stream_holds_at_most_max_stream_requests_and_the_rest_wait(flow):
+    gateway = pid_listening_on(flow['grpc'])
     with Held(flow):
         client = stream(flow, 10)
         wait_for(lambda: in_the_executor(flow) == MAX_STREAM_REQUESTS, 60, 'the stream to fill its share')
         time.sleep(1)
         assert in_the_executor(flow) == MAX_STREAM_REQUESTS  # not the 10 the client asked for at once
+        before = cpu_seconds(gateway)
+        time.sleep(3)
+        # the stream waits without a busy loop (Jina's own prefetch wait spun the gateway's event loop: ~3 s)
+        assert cpu_seconds(gateway) - before < 0.6
     assert served(client) == 10  # all served, none refused
 
 

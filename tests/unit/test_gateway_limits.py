@@ -4,6 +4,7 @@ HTTP answers given statuses by error kind, the settings. gRPC and real Flows: te
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -172,3 +173,45 @@ def test_the_gateways_settings_come_from_arguments_then_variables_and_are_checke
             limits.gateway_limits(environ={}, **bad)
     with pytest.raises(InvalidParameterError, match='CLIPSERVE_MAX_REQUEST_BYTES'):
         limits.gateway_limits(environ={'CLIPSERVE_MAX_REQUEST_BYTES': '-1'})
+
+
+def test_a_capped_stream_reads_its_next_request_only_after_an_answer_and_waits_idle():
+    from clipserve.serving.jina_gateway import StreamCap
+
+    read = []
+
+    async def messages():
+        for i in range(4):
+            read.append(i)
+            yield i
+
+    async def scenario():
+        cap = StreamCap(messages(), 2)
+        assert [await cap.__anext__(), await cap.__anext__()] == [0, 1]
+        third = asyncio.ensure_future(cap.__anext__())
+        started = time.process_time()
+        await asyncio.sleep(0.3)
+        assert not third.done() and read == [0, 1]  # not even read from the transport
+        assert time.process_time() - started < 0.1  # waited on an event, not a loop
+        cap.answered()
+        assert await asyncio.wait_for(third, 1) == 2
+        cap.answered(), cap.answered()
+        assert [r async for r in cap] == [3]
+
+    asyncio.run(scenario())
+
+
+def test_capped_prefetch_metadata_is_at_most_the_cap_and_present_when_the_client_sent_none():
+    from clipserve.serving.jina_gateway import PREFETCH_METADATA, CappedPrefetch
+
+    class Context:
+        def __init__(self, metadata):
+            self.metadata = metadata
+
+        def invocation_metadata(self):
+            return self.metadata
+
+    asked = CappedPrefetch(Context((('authorization', 't'), (PREFETCH_METADATA, '100'))), 33).invocation_metadata()
+    assert dict(asked) == {'authorization': 't', PREFETCH_METADATA: '33'}
+    none = CappedPrefetch(Context((('authorization', 't'),)), 33).invocation_metadata()
+    assert [(m.key, m.value) for m in none if m[0] == PREFETCH_METADATA] == [(PREFETCH_METADATA, '33')]
