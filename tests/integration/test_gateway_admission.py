@@ -79,16 +79,17 @@ import sys
 from docarray import Document, DocumentArray
 from jina import Client
 docs = DocumentArray([Document(text=f'{sys.argv[2]}{i}') for i in range(int(sys.argv[3]))])
-out = Client(host='127.0.0.1', port=int(sys.argv[1])).post('/', docs, request_size=1, prefetch=100)
+protocol = sys.argv[4] if len(sys.argv) > 4 else 'grpc'
+out = Client(host='127.0.0.1', port=int(sys.argv[1]), protocol=protocol).post('/', docs, request_size=1, prefetch=100)
 print(len([d for d in out if d.embedding is not None]))
 """
 
 
-def stream(flow, count: int, prefix: str = 't') -> subprocess.Popen:
+def stream(flow, count: int, prefix: str = 't', protocol: str = 'grpc') -> subprocess.Popen:
     """A Jina client's stream of `count` one-text requests (prefetch 100, as clip-client's) in a process of its
     own: Jina's synchronous clients share one event loop per process, so two cannot run in one at once."""
     return subprocess.Popen(
-        [sys.executable, '-c', STREAM, str(flow['grpc']), prefix, str(count)],
+        [sys.executable, '-c', STREAM, str(flow[protocol]), prefix, str(count), protocol],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -125,10 +126,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
-def test_one_client_stream_holds_at_most_max_stream_requests_and_the_rest_wait(flow):
+@pytest.mark.parametrize('protocol', ['grpc', 'websocket'])
+def test_one_client_stream_holds_at_most_max_stream_requests_and_the_rest_wait(flow, protocol):
     gateway = pid_listening_on(flow['grpc'])
     with Held(flow):
-        client = stream(flow, 10)
+        client = stream(flow, 10, protocol=protocol)
         wait_for(lambda: in_the_executor(flow) == MAX_STREAM_REQUESTS, 60, 'the stream to fill its share')
         time.sleep(1)
         assert in_the_executor(flow) == MAX_STREAM_REQUESTS  # not the 10 the client asked for at once

@@ -201,7 +201,7 @@ def test_a_capped_stream_reads_its_next_request_only_after_an_answer_and_waits_i
     asyncio.run(scenario())
 
 
-def test_capped_prefetch_metadata_is_at_most_the_cap_and_present_when_the_client_sent_none():
+def test_capped_prefetch_asks_jina_for_one_above_the_streams_cap_which_is_at_most_the_gateways():
     from clipserve.serving.jina_gateway import PREFETCH_METADATA, CappedPrefetch
 
     class Context:
@@ -211,7 +211,12 @@ def test_capped_prefetch_metadata_is_at_most_the_cap_and_present_when_the_client
         def invocation_metadata(self):
             return self.metadata
 
-    asked = CappedPrefetch(Context((('authorization', 't'), (PREFETCH_METADATA, '100'))), 33).invocation_metadata()
-    assert dict(asked) == {'authorization': 't', PREFETCH_METADATA: '33'}
-    none = CappedPrefetch(Context((('authorization', 't'),)), 33).invocation_metadata()
-    assert [(m.key, m.value) for m in none if m[0] == PREFETCH_METADATA] == [(PREFETCH_METADATA, '33')]
+    for sent, stream_cap in (('100', 33), ('5', 5), (None, 33), ('junk', 33)):
+        metadata = (('authorization', 't'),) + (((PREFETCH_METADATA, sent),) if sent else ())
+        context = CappedPrefetch(Context(metadata), 33)
+        assert context.stream_cap == stream_cap
+        assert {m[0]: m[1] for m in context.invocation_metadata()} == {
+            'authorization': 't',
+            PREFETCH_METADATA: str(stream_cap + 1),
+        }
+        assert [m.key for m in context.invocation_metadata() if m[0] == PREFETCH_METADATA] == [PREFETCH_METADATA]

@@ -63,22 +63,35 @@ _Metadatum = collections.namedtuple('_Metadatum', ['key', 'value'])  # as grpc.a
 
 
 def cap_stream_prefetch(streamer, cap: int) -> None:
-    """At most `cap` requests of one client stream in flight at once (gRPC Call, WebSocket): Jina 3.34's
-    streamer reads up to `prefetch` requests ahead (the gateway's --prefetch, 1000 by default), and a Jina
-    client's own `prefetch` (clip-client: 100), sent as `__prefetch__` metadata, overrides it on gRPC; so one
-    client could put 100 requests at once on replicas that hold fewer. Past the cap the stream waits
-    (gRPC/WebSocket flow control), nothing is refused. gRPC calls get their metadata capped by CappedPrefetch."""
+    """At most `cap` requests of one client stream in flight at once (a gRPC Call, a WebSocket, HTTP's /stream),
+    fewer where the client asks for fewer: Jina 3.34's streamer reads up to `prefetch` requests ahead (the
+    gateway's --prefetch, 1000 by default), and a Jina client's own `prefetch` (clip-client: 100), sent as
+    `__prefetch__` metadata, overrides it on gRPC; so one client could put 100 requests at once on replicas
+    that hold fewer. Past the cap the stream waits (gRPC/WebSocket flow control), nothing is refused. Every
+    stream goes through `streamer.rpc_stream`, which is wrapped here with StreamCap; Jina's own prefetch is set
+    one above the cap, so its busy wait never runs (gRPC calls get their metadata from CappedPrefetch)."""
     inner = streamer._streamer  # RequestStreamer
-    inner._prefetch = min(int(inner._prefetch or cap), int(cap))
+    inner._prefetch = int(cap) + 1
+    original = streamer.rpc_stream
+
+    async def rpc_stream(*args, request_iterator, **kwargs):
+        if not hasattr(request_iterator, '__aiter__'):  # built in the gateway (HTTP /post): one request, in memory
+            async for response in original(*args, request_iterator=request_iterator, **kwargs):
+                yield response
+            return
+        capped = StreamCap(request_iterator, getattr(kwargs.get('context'), 'stream_cap', cap))
+        async for response in original(*args, request_iterator=capped, **kwargs):
+            capped.answered()
+            yield response
+
+    streamer.rpc_stream = rpc_stream
 
 
 class StreamCap:
-    """A gRPC stream's request messages, read only while fewer than `cap` of its requests wait for their answers
-    (`answered()` once per answer). Jina 3.34's streamer enforces its prefetch by reading the next message
-    first and then looping on `asyncio.sleep(0)` until a place frees: a stream at its cap kept the gateway's
-    event loop busy (half a core, taken from the replicas on the same machine; one clip-client at a cap of 8
-    got half the image throughput). Here the read itself waits, on an event; Jina's prefetch is set one above
-    (CappedPrefetch) so its loop never runs."""
+    """A stream's requests, read only while fewer than `cap` of them wait for their answers (`answered()` once
+    per answer). Jina 3.34's streamer enforces its prefetch by reading the next message first and then looping
+    on `asyncio.sleep(0)` until a place frees: a stream at its cap kept the gateway's event loop busy (a full
+    core, taken from the replicas on the same machine). Here the read itself waits, on an event."""
 
     def __init__(self, requests, cap: int):
         self._requests = requests.__aiter__()
@@ -104,26 +117,27 @@ class StreamCap:
 
 
 class CappedPrefetch:
-    """A gRPC servicer context whose `__prefetch__` metadata is at most `cap` (the rest is the real context's)."""
+    """A gRPC servicer context whose `__prefetch__` metadata is one above `stream_cap`, the client's own prefetch
+    capped at `cap` (the rest is the real context's): StreamCap bounds the stream at `stream_cap`, Jina's busy
+    wait one above never runs."""
 
     def __init__(self, context, cap: int):
         self._context = context
-        self._cap = int(cap)
+        self._metadata = []
+        asked = None
+        for item in context.invocation_metadata() or ():
+            if item[0] == PREFETCH_METADATA:
+                try:
+                    asked = max(int(item[1]), 1)
+                except ValueError:
+                    asked = None
+            else:
+                self._metadata.append(item)
+        self.stream_cap = min(asked or int(cap), int(cap))
+        self._metadata.append(_Metadatum(PREFETCH_METADATA, str(self.stream_cap + 1)))
 
     def invocation_metadata(self):
-        metadata, seen = [], False
-        for item in self._context.invocation_metadata() or ():
-            if item[0] == PREFETCH_METADATA:
-                seen = True
-                try:
-                    asked = int(item[1])
-                except ValueError:
-                    asked = self._cap
-                item = _Metadatum(item[0], str(min(max(asked, 1), self._cap)))
-            metadata.append(item)
-        if not seen:  # Jina would take the streamer's own prefetch, which StreamCap's one-above needs to pass
-            metadata.append(_Metadatum(PREFETCH_METADATA, str(self._cap)))
-        return tuple(metadata)
+        return tuple(self._metadata)
 
     def __getattr__(self, name):
         return getattr(self._context, name)

@@ -35,7 +35,7 @@ import grpc
 
 from clipserve.config.settings import MiB, Setting, read_settings
 from clipserve.serving import openai_api as api
-from clipserve.serving.jina_gateway import CappedPrefetch, StreamCap
+from clipserve.serving.jina_gateway import CappedPrefetch
 from clipserve.serving.peer_share import PeerShare
 
 GATEWAY_SETTINGS: tuple[Setting, ...] = (
@@ -344,13 +344,10 @@ def counted(handler, in_flight: InFlight, stream_cap: int | None = None):
         (True, True): handler.stream_stream,
     }[(streaming_in, streaming_out)]
 
-    capped = stream_cap is not None and streaming_in and streaming_out
-
     async def enter(context):
         if not in_flight.enter('grpc'):  # lost the race with another call since the interceptor looked
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, in_flight.message())
-        # with StreamCap bounding the stream, Jina's own prefetch is one above it (see StreamCap)
-        return CappedPrefetch(context, stream_cap + capped) if stream_cap is not None else context
+        return context if stream_cap is None else CappedPrefetch(context, stream_cap)
 
     async def unary_out(requests, context):
         seen = await enter(context)
@@ -362,12 +359,9 @@ def counted(handler, in_flight: InFlight, stream_cap: int | None = None):
     async def streaming_out_(requests, context):
         seen = await enter(context)
         try:
-            cap = StreamCap(requests, stream_cap) if capped else None
-            answers = inner(cap or (requests if streaming_in else await _one(requests)), seen)
+            answers = inner(requests if streaming_in else await _one(requests), seen)
             if inspect.isasyncgen(answers):
                 async for answer in answers:
-                    if cap is not None:
-                        cap.answered()
                     yield answer
             else:
                 await answers  # a handler that writes with context.write
