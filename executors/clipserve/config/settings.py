@@ -190,7 +190,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
     _s(
         'max_requests',
         'int',
-        64,
+        16,
         'Requests a replica holds at once; more are refused (429 / RESOURCE_EXHAUSTED) to retry.',
         minimum=1,
         section='limits',

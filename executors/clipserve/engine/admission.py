@@ -35,7 +35,7 @@ SMALL_REQUEST_DOCUMENTS = 4
 
 @dataclass(frozen=True)
 class Limits:
-    max_requests: int = 64
+    max_requests: int = 16
     max_documents: int = 4096
     retry_after: float = 1.0  # seconds a refused client is told to wait
     small_reserve: int = 16  # places beyond max_requests for small requests only

@@ -15,7 +15,7 @@ Every limit answers at once with a clear refusal that names it, before the gatew
   protocol (an HTTP request, a gRPC call, a WebSocket connection); past it HTTP 429 with `Retry-After`,
   gRPC RESOURCE_EXHAUSTED (with `retry-after` and gRPC's `grpc-retry-pushback-ms` trailers), a WebSocket
   closed with 1013 (try again later). Health and readiness checks are never counted nor refused.
-- `max_stream_requests` (32): requests of one client stream (a gRPC call, a WebSocket), or HTTP requests of one
+- `max_stream_requests` (8): requests of one client stream (a gRPC call, a WebSocket), or HTTP requests of one
   client address, the gateway lets through at once. Jina's clients keep `prefetch` requests in flight
   (clip-client: 100), more than a replica admits (its max_requests); past this bound a stream waits in its
   flow control, an HTTP request with its body unread (PeerShare); nothing refused.
@@ -69,7 +69,7 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
     Setting(
         'max_stream_requests',
         'int',
-        32,
+        8,
         'Requests of one client stream (gRPC, WebSocket) or HTTP client address let through at once; more wait.',
         minimum=1,
         section='gateway',
