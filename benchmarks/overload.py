@@ -168,9 +168,10 @@ async def offer(port: int, schedule: list[Arrival], drain: float, jpeg: bytes, n
     return await open_loop(schedule, drain, request)
 
 
-async def closed_loop(port: int, clients: int, seconds: float, jpeg: bytes) -> dict:
+async def closed_loop(port: int, clients: int, seconds: float, jpeg: bytes, executor_pid: int) -> dict:
     """Large requests from `clients` clients back to back: requests/s answered (after one warm-up request
-    each; the clock stops when the last request sent before the deadline is answered)."""
+    each; the clock stops when the last request sent before the deadline is answered), and the executor's CPU
+    time over the same interval."""
     from jina import Client
 
     client = Client(host='127.0.0.1', port=port, asyncio=True)
@@ -189,9 +190,9 @@ async def closed_loop(port: int, clients: int, seconds: float, jpeg: bytes) -> d
                 return
 
     await asyncio.gather(*(keep_sending(i, time.monotonic(), None) for i in range(clients)))
-    start = time.monotonic()
+    start, cpu = time.monotonic(), cpu_seconds(executor_pid)
     await asyncio.gather(*(keep_sending(i, start, start + seconds) for i in range(clients)))
-    elapsed = time.monotonic() - start
+    elapsed, cpu = time.monotonic() - start, cpu_seconds(executor_pid) - cpu
     ok = [o for o in outcomes if o.status == OK]
     return {
         'requests_per_s': len(ok) / elapsed,
@@ -200,6 +201,8 @@ async def closed_loop(port: int, clients: int, seconds: float, jpeg: bytes) -> d
         'seconds': elapsed,
         'failed': len(outcomes) - len(ok),
         'p50_s': float(np.median([o.latency for o in ok])) if ok else float('nan'),
+        'executor_cpu_s': cpu,
+        'images_per_cpu_s': 8 * len(ok) / max(1e-9, cpu),
     }
 
 
@@ -291,12 +294,7 @@ def main() -> None:
 
     def measure_closed() -> dict:
         """The closed loop, with the images it had answered per second of the executor's CPU time."""
-        executor = sampler.pids['executor']
-        before = cpu_seconds(executor)
-        closed_run = asyncio.run(closed_loop(port, args.closed_clients, args.closed_seconds, jpeg))
-        closed_run['executor_cpu_s'] = cpu_seconds(executor) - before
-        closed_run['images_per_cpu_s'] = closed_run['images'] / max(1e-9, closed_run['executor_cpu_s'])
-        return closed_run
+        return asyncio.run(closed_loop(port, args.closed_clients, args.closed_seconds, jpeg, sampler.pids['executor']))
 
     def bracket(run: dict) -> None:
         """The machine's speed just after a run, with the one just before: sustainable rate and one batch."""
