@@ -220,3 +220,29 @@ def test_capped_prefetch_asks_jina_for_one_above_the_streams_cap_which_is_at_mos
             PREFETCH_METADATA: str(stream_cap + 1),
         }
         assert [m.key for m in context.invocation_metadata() if m[0] == PREFETCH_METADATA] == [PREFETCH_METADATA]
+
+
+def test_http_requests_of_one_client_address_pass_a_few_at_a_time_and_other_addresses_do_not_wait():
+    from clipserve.serving.peer_share import PeerShare
+
+    share = PeerShare(2)
+    inside = {'a': 0, 'b': 0}
+    most = {'a': 0, 'b': 0}
+    release = asyncio.Event()
+
+    async def request(peer):
+        async with share.share(peer):
+            inside[peer] += 1
+            most[peer] = max(most[peer], inside[peer])
+            await release.wait()
+            inside[peer] -= 1
+
+    async def scenario():
+        tasks = [asyncio.ensure_future(request('a')) for _ in range(5)] + [asyncio.ensure_future(request('b'))]
+        await asyncio.sleep(0.05)
+        assert inside == {'a': 2, 'b': 1}  # a's other three wait; b is not behind them
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 1)
+        assert most == {'a': 2, 'b': 1} and share._peers == {}  # nothing kept for addresses gone
+
+    asyncio.run(scenario())
