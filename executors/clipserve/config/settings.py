@@ -206,7 +206,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
     _s(
         'small_request_reserve',
         'int',
-        16,
+        64,
         f'Places beyond max_requests that only requests of at most {SMALL_REQUEST_DOCUMENTS} documents (a query, '
         'a caption) may take, so large requests that fill a replica cannot refuse them.',
         minimum=0,

@@ -38,7 +38,7 @@ class Limits:
     max_requests: int = 16
     max_documents: int = 4096
     retry_after: float = 1.0  # seconds a refused client is told to wait
-    small_reserve: int = 16  # places beyond max_requests for small requests only
+    small_reserve: int = 64  # places beyond max_requests for small requests only
 
 
 class Admission:
