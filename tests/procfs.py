@@ -90,3 +90,9 @@ def pid_listening_on(port: int, within: int | None = None) -> int:
     if len(found) != 1:
         raise LookupError(f'{len(found)} processes listen on port {port}: {sorted(found)}')
     return found.pop()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) `pid` has used so far."""
+    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')

@@ -4,7 +4,6 @@ requests of one client stream held to max_stream_requests, a replica's overload 
 answered by their kind on every protocol, and requests whose client gave up cancelled down to the executor."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 import requests
 from clip_client import Client as ClipClient
 
-from ..procfs import pid_listening_on
+from ..procfs import cpu_seconds, pid_listening_on
 from .conftest import TINY, flow_from_yaml, free_port, health, set_port, wait_for
 
 HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'
@@ -119,11 +118,6 @@ def in_background(call):
 
 def post_v1(flow, body, headers=None, timeout=60):
     return requests.post(f'http://127.0.0.1:{flow["http"]}/v1/embeddings', json=body, headers=headers, timeout=timeout)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
 @pytest.mark.parametrize('protocol', ['grpc', 'websocket'])
