@@ -53,22 +53,41 @@ def _flush_output() -> None:
             pass
 
 
-def install_drain_when_served(executor, grace: float, on_drain, log, wait_seconds: float = 60.0) -> None:
-    """Jina builds the server right after the executor's constructor returns: install the drain then."""
+class DrainInstaller:
+    """Installs the drain once Jina has built the server, before the replica answers anything.
 
-    def install():
-        deadline = time.monotonic() + wait_seconds
-        while time.monotonic() < deadline:
-            installed = install_drain(executor, grace, on_drain)
-            if installed:
-                log.info(f'graceful shutdown on: requests in flight get up to {grace:g}s on SIGTERM/SIGINT')
+    Jina builds the server right after the executor's constructor returns, and gives no hook then. The
+    replica calls `install()` at the start of every request: the first one (the gateway's readiness
+    probe, before the Flow can say ready) finds the server and installs the drain, so a SIGTERM that
+    follows readiness always drains. A background poll installs it too when no request comes.
+    """
+
+    def __init__(self, executor, grace: float, on_drain, log, wait_seconds: float = 60.0):
+        self._executor, self._grace, self._on_drain, self._log = executor, grace, on_drain, log
+        self._lock = threading.Lock()
+        self.settled = False  # installed, or found impossible (and said so)
+        self._poll_until = time.monotonic() + wait_seconds
+        threading.Thread(target=self._poll, name='clipserve-drain-setup', daemon=True).start()
+
+    def install(self) -> None:
+        if self.settled:
+            return
+        with self._lock:
+            if self.settled:
                 return
-            if installed is False:
-                break
-            time.sleep(0.5)
-        log.warning(
-            'graceful shutdown not installed (not a gRPC executor, or this Jina version holds its '
-            'server differently): requests in flight at SIGTERM are cut'
-        )
+            installed = install_drain(self._executor, self._grace, self._on_drain)
+            if installed:
+                self._log.info(f'graceful shutdown on: requests in flight get up to {self._grace:g}s on SIGTERM/SIGINT')
+            elif installed is False or time.monotonic() > self._poll_until:
+                self._log.warning(
+                    'graceful shutdown not installed (not a gRPC executor, or this Jina version holds its '
+                    'server differently): requests in flight at SIGTERM are cut'
+                )
+            else:
+                return
+            self.settled = True
 
-    threading.Thread(target=install, name='clipserve-drain-setup', daemon=True).start()
+    def _poll(self) -> None:
+        while not self.settled:
+            self.install()
+            time.sleep(0.5)

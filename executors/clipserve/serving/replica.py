@@ -32,7 +32,7 @@ from clipserve.serving.encoding import DocumentEncoder
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
 from clipserve.serving.error_logs import quiet_client_errors
 from clipserve.serving.jina_compat import allow_concurrent_requests, install_grpc_server_defaults, worker_logger
-from clipserve.serving.lifecycle import install_drain_when_served
+from clipserve.serving.lifecycle import DrainInstaller
 from clipserve.serving.metrics import Metrics
 from clipserve.serving.routing import model_routes
 
@@ -181,8 +181,9 @@ class CLIPReplica(Executor):
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
         self._draining = False
+        self._drain = None
         if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
-            install_drain_when_served(self, self.shutdown_grace, self._start_draining, self.logger)
+            self._drain = DrainInstaller(self, self.shutdown_grace, self._start_draining, self.logger)
             quiet_client_errors(worker_logger(self))  # refusals: one line now and then, no traceback
         self.logger.info(
             f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
@@ -228,6 +229,8 @@ class CLIPReplica(Executor):
 
         The gateway's readiness probes and /clipserve/info are neither counted nor refused.
         """
+        if self._drain is not None and not self._drain.settled:
+            self._drain.install()  # before the first answer: once the Flow is ready, SIGTERM drains
         if not self._threads_installed:
             # Jina runs each request's endpoint on the event loop's default thread pool (a handful of
             # threads): make it this replica's pool, one thread per request it may hold, so an admitted
