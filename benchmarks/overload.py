@@ -251,6 +251,8 @@ def run_load(port, sampler, name, large_rate, seconds, args, jpeg, baseline) -> 
         ended_at=ended,
         executor_refused=int(after['refused'] - before['refused']),
         model_images=int(after['images_encoded'] - before['images_encoded']),
+        model_texts=int(after['texts_encoded'] - before['texts_encoded']),
+        model_calls=int(after['model_calls'] - before['model_calls']),
         in_flight_after=int(after['requests_in_flight']),
         cpu_seconds=cpu,
         load_avg=[round(s[2], 2) for s in sampler.between(at, ended)][:: max(1, int(seconds))],
@@ -294,7 +296,12 @@ def main() -> None:
 
     def measure_closed() -> dict:
         """The closed loop, with the images it had answered per second of the executor's CPU time."""
-        return asyncio.run(closed_loop(port, args.closed_clients, args.closed_seconds, jpeg, sampler.pids['executor']))
+        before = replica_info(port)
+        run = asyncio.run(closed_loop(port, args.closed_clients, args.closed_seconds, jpeg, sampler.pids['executor']))
+        after = replica_info(port)
+        run['model_calls'] = int(after['model_calls'] - before['model_calls'])  # warm-up requests included
+        run['model_images'] = int(after['images_encoded'] - before['images_encoded'])
+        return run
 
     def bracket(run: dict) -> None:
         """The machine's speed just after a run, with the one just before: sustainable rate and one batch."""
@@ -306,7 +313,9 @@ def main() -> None:
         run['one_batch_s'] = (batches[-2] + batches[-1]) / 2
         print(
             f'{run["name"]}: {run["ok"]} ok, {run["refused"]} refused, {run["error"]} errors, {run["lost"]} lost; '
-            f'sustainable {closed[-1]["requests_per_s"]:.2f} requests/s, one batch {1000 * batches[-1]:.0f} ms'
+            f'sustainable {closed[-1]["requests_per_s"]:.2f} requests/s, one batch {1000 * batches[-1]:.0f} ms; '
+            f'{run["model_calls"]} forward passes ({run["model_images"]} images, {run["model_texts"]} texts), the '
+            f'closed loop {closed[-1]["model_images"] / max(1, closed[-1]["model_calls"]):.1f} images per pass'
         )
 
     with tempfile.TemporaryDirectory(prefix='clipserve-overload-') as workdir:

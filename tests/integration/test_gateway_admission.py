@@ -16,6 +16,8 @@ import grpc
 import pytest
 import requests
 from clip_client import Client as ClipClient
+from docarray import Document, DocumentArray
+from jina import Client
 
 from ..procfs import cpu_seconds, pid_listening_on
 from .conftest import TINY, flow_from_yaml, free_port, health, set_port, wait_for
@@ -24,6 +26,8 @@ HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'
 MAX_IN_FLIGHT = 3
 MAX_STREAM_REQUESTS = 2
 MAX_REQUESTS = 4  # the replica's
+EXECUTOR = 'clip_t'  # flows/multi-protocol.yml's
+LARGE = 5  # texts in a request the replica counts as large (more than its small bound, 4)
 
 
 @pytest.fixture(scope='module')
@@ -66,29 +70,35 @@ class Held:
         (self.dir / 'encode.hold').unlink()
 
 
-def in_the_executor(flow) -> int:
-    """Requests the replica holds (its /clipserve/info, which the replica neither counts nor refuses)."""
+def executor_info(flow) -> dict:
+    """The replica's /clipserve/info (which the replica neither counts nor refuses)."""
     body = {'execEndpoint': '/clipserve/info', 'data': [{}]}
     answer = requests.post(f'http://127.0.0.1:{flow["http"]}/post', json=body, timeout=30).json()
-    return int(next(iter(answer['parameters']['__results__'].values()))['requests_in_flight'])
+    return next(iter(answer['parameters']['__results__'].values()))
+
+
+def in_the_executor(flow) -> int:
+    """Requests the replica holds."""
+    return int(executor_info(flow)['requests_in_flight'])
 
 
 STREAM = """
 import sys
 from docarray import Document, DocumentArray
 from jina import Client
-docs = DocumentArray([Document(text=f'{sys.argv[2]}{i}') for i in range(int(sys.argv[3]))])
-protocol = sys.argv[4] if len(sys.argv) > 4 else 'grpc'
-out = Client(host='127.0.0.1', port=int(sys.argv[1]), protocol=protocol).post('/', docs, request_size=1, prefetch=100)
+size = int(sys.argv[5])
+docs = DocumentArray([Document(text=f'{sys.argv[2]}{i}') for i in range(int(sys.argv[3]) * size)])
+protocol = sys.argv[4]
+out = Client(host='127.0.0.1', port=int(sys.argv[1]), protocol=protocol).post('/', docs, request_size=size, prefetch=100)
 print(len([d for d in out if d.embedding is not None]))
 """
 
 
-def stream(flow, count: int, prefix: str = 't', protocol: str = 'grpc') -> subprocess.Popen:
-    """A Jina client's stream of `count` one-text requests (prefetch 100, as clip-client's) in a process of its
-    own: Jina's synchronous clients share one event loop per process, so two cannot run in one at once."""
+def stream(flow, count: int, prefix: str = 't', protocol: str = 'grpc', size: int = 1) -> subprocess.Popen:
+    """A Jina client's stream of `count` requests of `size` texts (prefetch 100, as clip-client's) in a process of
+    its own: Jina's synchronous clients share one event loop per process, so two cannot run in one at once."""
     return subprocess.Popen(
-        [sys.executable, '-c', STREAM, str(flow[protocol]), prefix, str(count), protocol],
+        [sys.executable, '-c', STREAM, str(flow[protocol]), prefix, str(count), protocol, str(size)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -149,6 +159,44 @@ def test_a_replicas_overload_is_a_retryable_refusal_naming_its_limit_on_every_pr
         with pytest.raises(Exception, match='max_requests'):
             ClipClient(f'grpc://127.0.0.1:{flow["grpc"]}').encode(['x'])
     assert [served(client) for client in streams] == [MAX_STREAM_REQUESTS] * len(streams)
+
+
+def test_a_large_request_every_replica_would_refuse_is_refused_by_the_gateway_without_the_executor(flow):
+    """The gateway mirrors the replica's bound (replica_room.py): with the replica's places full of large
+    requests, the next large one is answered by the gateway with the replica's own error, on every protocol,
+    and never reaches the executor (its count of refusals stays); the places come back when answered."""
+    large = [f'big {i}' for i in range(LARGE)]
+    refused_before = int(executor_info(flow)['refused'])
+    with Held(flow):
+        streams = [stream(flow, MAX_STREAM_REQUESTS, size=LARGE) for _ in range(MAX_REQUESTS // MAX_STREAM_REQUESTS)]
+        wait_for(lambda: in_the_executor(flow) == MAX_REQUESTS, 60, 'the replica to be full of large requests')
+        with pytest.raises(Exception, match='max_requests'):
+            ClipClient(f'grpc://127.0.0.1:{flow["grpc"]}').encode(large, batch_size=LARGE)
+        # WebSocket: Jina's client (clip-client's) can lose an error answer when the gateway closes the socket
+        # first (docs/limits.md), so the answer is read with on_error
+        answers = []
+        docs = DocumentArray([Document(text=t) for t in large])
+        Client(host='127.0.0.1', port=flow['websocket'], protocol='websocket').post(
+            '/', docs, request_size=LARGE, on_error=lambda response: answers.append(response.header.status)
+        )
+        assert [a.exception.name for a in answers] == ['OverloadedError'] and 'max_requests' in answers[0].description
+        body = {'execEndpoint': '/', 'data': [{'text': t} for t in large]}
+        post = requests.post(f'http://127.0.0.1:{flow["http"]}/post', json=body, timeout=60)
+        assert post.status_code == 429 and post.headers['retry-after'] == '1'
+        exception = post.json()['header']['status']['exception']
+        assert exception['name'] == 'OverloadedError' and 'max_requests' in exception['args'][0]
+        assert exception['executor'] == 'HeldCLIPEncoder'  # named as the replica's own error names it
+        reply = post_v1(flow, {'input': large})
+        assert reply.status_code == 429 and reply.json()['error']['code'] == 'overloaded'
+        assert int(executor_info(flow)['refused']) == refused_before  # none of them reached the replica
+        assert in_the_executor(flow) == MAX_REQUESTS
+    assert [served(client) for client in streams] == [MAX_STREAM_REQUESTS * LARGE] * len(streams)
+    reply = post_v1(flow, {'input': large})  # every place given back: admitted again
+    assert reply.status_code == 200 and len(reply.json()['data']) == LARGE
+    scraped = urllib.request.urlopen(f'http://127.0.0.1:{flow["metrics"]}/', timeout=10).read().decode()
+    assert 'clipserve_gateway_refused_total{limit="max_requests",protocol="all"} 4.0' in scraped
+    assert f'clipserve_gateway_executor_places{{executor="{EXECUTOR}"}} {MAX_REQUESTS:.1f}' in scraped
+    assert f'clipserve_gateway_executor_requests{{executor="{EXECUTOR}"}} 0.0' in scraped
 
 
 def slow_body(port: int) -> socket.socket:

@@ -42,10 +42,10 @@ from clipserve.serving.endpoints import (  # noqa: F401  (re-exported)
 # ---- The readiness report and the warm-up ---------------------------------------------------------
 
 
-def ready_report(shard_id: int, shards: int, draining: bool) -> DocumentArray:
+def ready_report(shard_id: int, shards: int, draining: bool, admission: dict | None = None) -> DocumentArray:
     """This copy's answer to READY_ENDPOINT. Documents rather than returned parameters: Jina keys those
     by executor name, which the shards share, so a head would keep only one shard's."""
-    doc_id, tags = ready_report_fields(shard_id, shards, draining)
+    doc_id, tags = ready_report_fields(shard_id, shards, draining, admission)
     return DocumentArray([Document(id=doc_id, tags=tags)])
 
 

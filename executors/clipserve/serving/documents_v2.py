@@ -162,9 +162,9 @@ def write_maxsim(query: DocView, matches: list[DocView], scores: list[float], or
     query.doc.matches = ClipMatches([matches[i].doc for i in order])
 
 
-def ready_report(shard_id: int, shards: int, draining: bool) -> ReadyReports:
+def ready_report(shard_id: int, shards: int, draining: bool, admission: dict | None = None) -> ReadyReports:
     """This copy's answer to READY_ENDPOINT, the wire form of endpoints.py (the probe reads id and tags)."""
-    doc_id, tags = ready_report_fields(shard_id, shards, draining)
+    doc_id, tags = ready_report_fields(shard_id, shards, draining, admission)
     return ReadyReports([ReadyReport(id=doc_id, tags=tags)])
 
 

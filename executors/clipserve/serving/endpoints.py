@@ -11,12 +11,17 @@ INFO_ENDPOINT = '/clipserve/info'
 READY_ENDPOINT = '/clipserve/ready'
 # a text document's token count, written into its tags when the request asks (options.TOKEN_COUNTS_PARAMETER)
 TOKEN_COUNT_TAG = 'clipserve_tokens'
+ADMISSION_TAG = 'admission'  # a report's bound on requests, which the gateway mirrors (replica_room.py)
 REPORT_ID = 'clipserve-ready-shard-'  # one document per shard: a head polling ALL merges them by id
 
 
-def ready_report_fields(shard_id: int, shards: int, draining: bool) -> tuple[str, dict]:
-    """(document id, tags) of one copy's answer to READY_ENDPOINT."""
-    return f'{REPORT_ID}{shard_id}', {'draining': draining, 'shard_id': shard_id, 'shards': shards}
+def ready_report_fields(shard_id: int, shards: int, draining: bool, admission: dict | None = None) -> tuple[str, dict]:
+    """(document id, tags) of one copy's answer to READY_ENDPOINT; `admission`: the bound the gateway mirrors
+    (replica_room.py: max_requests, small_documents, retry_after, executor)."""
+    tags = {'draining': draining, 'shard_id': shard_id, 'shards': shards}
+    if admission is not None:
+        tags[ADMISSION_TAG] = admission
+    return f'{REPORT_ID}{shard_id}', tags
 
 
 def read_reports(docs) -> list[dict]:

@@ -14,7 +14,8 @@ ClipServeGateway adds a shared token, checked on gRPC, HTTP and WebSocket (auth.
 
 What a request meets, in order: its size (gRPC message, WebSocket message, HTTP Content-Length and body as
 it streams), the token (headers and metadata only), the gateway's bound on requests in flight, then the
-routes. Health and readiness checks pass every one of them but the size.
+routes; on its way to an executor, the replicas' own bound, mirrored (replica_room.py). Health and
+readiness checks pass every one of them but the size.
 
 Arguments (`uses_with`; each also a CLIPSERVE_* variable, limits.GATEWAY_SETTINGS): max_request_bytes,
 max_body_bytes, max_inputs, max_in_flight, max_stream_requests, retry_after; readiness_interval,
@@ -45,15 +46,18 @@ from clipserve.serving.auth import (
     TokenMiddleware,
     gateway_token,
 )
+from clipserve.serving.gateway_metrics import GatewayMetrics
 from clipserve.serving.jina_compat import install_grpc_server_defaults
 from clipserve.serving.jina_gateway import (
     add_grpc_interceptors,
     cancel_calls_with_their_requests,
     cap_stream_prefetch,
+    screen_executor_sends,
     set_grpc_server_option,
     wrap_app_after_setup,
 )
 from clipserve.serving.readiness import LIVE_PATH, READINESS_SERVICE, READY_PATH, FlowReadiness, grpc_addresses
+from clipserve.serving.replica_room import ReplicaRoom
 from clipserve.serving.statuses import ExecutorErrorStatus
 
 install_grpc_server_defaults()  # before Jina builds the gateway's gRPC server (jina_compat.py)
@@ -147,8 +151,12 @@ class ReadyGateway(CompositeGateway):
         self.readiness = FlowReadiness(deployments, interval=float(readiness_interval), log=self.logger)
         self._readiness_task = None
         registry = getattr(self, 'metrics_registry', None)
-        self.gateway_metrics = limits_.GatewayMetrics(registry)
+        self.gateway_metrics = GatewayMetrics(registry)
         self.in_flight = limits_.InFlight(self.limits.max_in_flight, self.limits.retry_after, self.gateway_metrics)
+        # a large request that every replica would refuse is refused here, not forwarded (replica_room.py)
+        self.replica_room = ReplicaRoom(self.gateway_metrics)
+        self.readiness.report_listeners.append(self.replica_room.update)
+        screen_executor_sends(self.streamer, self.replica_room)
         self.token = self._token()
         self.openai = None
         if check_bool('openai_routes', env_or_default(openai_routes, True)):

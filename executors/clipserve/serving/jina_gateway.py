@@ -6,7 +6,8 @@ Checked against jina 3.34.0 (the last release, 2025-03). Each section names its 
 
 - the gateway's servers (gateway.py): gRPC options and interceptors, uvicorn's app and WebSocket message
   size, requests in flight per client stream (limits.py);
-- one request through the gateway's streamer, cancellable down to the executor (openai_gateway.py).
+- one request through the gateway's streamer, cancellable down to the executor (openai_gateway.py);
+- every request on its way to an executor, screened by the replicas' mirrored admission (replica_room.py).
 """
 
 from __future__ import annotations
@@ -225,6 +226,64 @@ def cancel_calls_with_their_requests() -> None:
 
     _ConnectionStubs._init_stubs = _init_stubs
     _cancels = True
+
+
+# ---- every request on its way to an executor (replica_room.py) -------------------------------------
+
+
+def screen_executor_sends(streamer, room) -> None:
+    """Pass every request the gateway sends to an executor (each protocol's, /v1's) through `room.enter`
+    first (replica_room.ReplicaRoom), and answer the ones it refuses with its error, as an executor would.
+
+    Jina 3.34's topology graph sends each request to each executor with its connection pool's
+    `send_requests_once` (one task per request, awaited for `(response, trailing metadata)`); that method is
+    wrapped on the gateway's pool. A refusal is the request itself with the error in its header (what an
+    executor's error answer is: Jina's `add_exception`, documents as they came, the `is-error` metadata), so
+    every client and gateway route reads it exactly as the replica's own."""
+    pool = streamer._connection_pool
+    original = pool.send_requests_once
+
+    def send_requests_once(requests, deployment, *args, **kwargs):
+        request = requests[0] if len(requests) == 1 else None
+        verdict = room.enter(deployment, root_documents(request)) if request is not None else None
+        if isinstance(verdict, BaseException):
+            request.add_exception(verdict)
+            if room.rooms.get(deployment) is not None:
+                request.header.status.exception.executor = room.rooms[deployment].executor
+            answered = asyncio.get_running_loop().create_future()
+            answered.set_result((request, {'is-error': 'true'}))
+            return answered
+        task = original(requests, deployment, *args, **kwargs)
+        if verdict:
+            if task is None:  # no connection to send it on
+                room.leave(deployment)
+            else:
+                task.add_done_callback(lambda _: room.leave(deployment))
+        return task
+
+    pool.send_requests_once = send_requests_once
+
+
+def root_documents(request) -> int | None:
+    """The number of root documents in a Jina DataRequest, without building them (None: not a request of
+    documents, or one that cannot be read). upb parses a request without copying its documents' bytes."""
+    from jina.proto import jina_pb2
+    from jina.types.request.data import DataRequest
+
+    if not isinstance(request, DataRequest):
+        return None
+    try:
+        if request.is_decompressed_with_data:
+            proto = request.proto_with_data
+        elif request.buffer is not None:
+            proto = jina_pb2.DataRequestProto.FromString(request.buffer)
+        else:  # parsed without its data (header and parameters only): the data is still in its serialization
+            proto = jina_pb2.DataRequestProto.FromString(request.proto_wo_data.SerializePartialToString())
+        if proto.data.WhichOneof('documents') != 'docs':
+            return None
+        return len(proto.data.docs.docs)
+    except Exception:  # noqa: BLE001 - unreadable here: the executor judges it, as before
+        return None
 
 
 def error_of(response) -> tuple[str, list[str]] | None:

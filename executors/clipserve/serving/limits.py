@@ -35,6 +35,7 @@ import grpc
 
 from clipserve.config.settings import MiB, Setting, read_settings
 from clipserve.serving import openai_api as api
+from clipserve.serving.gateway_metrics import GatewayMetrics
 from clipserve.serving.jina_gateway import CappedPrefetch
 from clipserve.serving.peer_share import PeerShare
 
@@ -84,11 +85,6 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
     ),
 )
 
-#: name -> (type, labels, help), for the docs' reference
-METRICS = {
-    'clipserve_gateway_requests_in_flight': ('gauge', (), 'Requests the gateway holds (HTTP, gRPC calls, WebSockets)'),
-    'clipserve_gateway_refused': ('counter', ('protocol', 'limit'), 'Requests the gateway refused, by limit'),
-}
 # gRPC methods that carry requests (counted, refused past the bound); health, reflection, info are not
 DATA_GRPC_PREFIXES = (
     '/jina.JinaRPC/',
@@ -104,27 +100,6 @@ REFUSE_PAUSE_SECONDS = 0.1
 def gateway_limits(environ=None, **arguments):
     """The gateway's limits from its arguments (`uses_with`), else CLIPSERVE_* variables, else the defaults."""
     return read_settings(GATEWAY_SETTINGS, arguments, environ)
-
-
-class GatewayMetrics:
-    def __init__(self, registry=None):
-        self.enabled = registry is not None
-        if self.enabled:
-            from prometheus_client import Counter, Gauge
-
-            kinds = {'gauge': Gauge, 'counter': Counter}
-            self._m = {
-                name: kinds[kind](name, text, labels, registry=registry)
-                for name, (kind, labels, text) in METRICS.items()
-            }
-
-    def watch(self, in_flight: InFlight) -> None:
-        if self.enabled:
-            self._m['clipserve_gateway_requests_in_flight'].set_function(lambda: in_flight.count)
-
-    def refused(self, protocol: str, limit: str) -> None:
-        if self.enabled:
-            self._m['clipserve_gateway_refused'].labels(protocol, limit).inc()
 
 
 class InFlight:

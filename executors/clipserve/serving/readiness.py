@@ -99,6 +99,8 @@ class FlowReadiness:
         self.probe = probe or probe_address
         self.verdict = Verdict(False, ['not probed yet'])
         self.listeners = []  # async callables taking the new `ready` bool, called on every change
+        self.report_listeners = []  # callables taking (deployments, reports), called after every probe
+        self.reports: dict[str, list[dict]] = {}  # address -> its latest reports, answering addresses only
         self.closing = False
         self._last_ready: dict[str, float] = {}  # address -> when it last answered ready
 
@@ -108,7 +110,8 @@ class FlowReadiness:
 
     async def _check_one(self, deployment: str, address: str) -> list[str]:
         try:
-            problems = judge_reports(deployment, address, await self.probe(address, self.timeout))
+            reports = await self.probe(address, self.timeout)
+            problems = judge_reports(deployment, address, reports)
         except Exception as error:  # no answer yet, refused (draining), an error from a head
             code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
             last = self._last_ready.get(address)
@@ -119,16 +122,21 @@ class FlowReadiness:
             ):
                 return []  # was ready, now busy: not a reason to take it out of rotation yet
             self._last_ready.pop(address, None)
+            self.reports.pop(address, None)
             return [f'{deployment} at {address}: {code.name if code else str(error)[:200]}']
         if problems:
             self._last_ready.pop(address, None)
+            self.reports.pop(address, None)
         else:
             self._last_ready[address] = time.monotonic()
+            self.reports[address] = reports
         return problems
 
     async def check(self) -> Verdict:
         checks = [self._check_one(d, a) for d, addresses in self.deployments.items() for a in addresses]
         reasons = [r for problems in await asyncio.gather(*checks) for r in problems]
+        for listener in self.report_listeners:
+            listener(self.deployments, self.reports)
         return Verdict(not reasons, reasons)
 
     async def run(self) -> None:

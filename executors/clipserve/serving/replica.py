@@ -22,7 +22,7 @@ from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.torch.lean_imports import keep_triton_out
 from clipserve.config.parameters import check_number
 from clipserve.config.settings import executor_settings
-from clipserve.engine.admission import Admission, Limits, deadline_after
+from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS, Admission, Limits, deadline_after
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline
 from clipserve.errors import InvalidParameterError, OverloadedError
@@ -300,15 +300,23 @@ class CLIPReplica(Executor):
             'draining': self._draining,
         }
 
-    def shard_state(self) -> tuple[int, int, bool]:
-        """(shard id, shards, draining): what a readiness probe needs. This copy has loaded and warmed up (it
-        answers), whether it is draining, and which shard it is; each flavour answers READY_ENDPOINT with
-        one document per shard, so a head polling ALL shards merges them (Jina keys returned parameters
-        by executor name, which the shards share)."""
+    def shard_state(self) -> tuple[int, int, bool, dict]:
+        """(shard id, shards, draining, admission): what a readiness probe needs. This copy has loaded and
+        warmed up (it answers), whether it is draining, which shard it is, and its bound on requests (the
+        gateway mirrors it: replica_room.py); each flavour answers READY_ENDPOINT with one document per
+        shard, so a head polling ALL shards merges them (Jina keys returned parameters by executor name,
+        which the shards share)."""
+        admission = {
+            'max_requests': self.settings.max_requests,
+            'small_documents': SMALL_REQUEST_DOCUMENTS,
+            'retry_after': self.admission.limits.retry_after,
+            'executor': type(self).__name__,
+        }
         return (
             int(getattr(self.runtime_args, 'shard_id', 0) or 0),
             int(getattr(self.runtime_args, 'shards', 1) or 1),
             self._draining,
+            admission,
         )
 
     # ---- what each DocArray flavour's executors define (executors.py: v1, executors_v2.py: v2) ---------
