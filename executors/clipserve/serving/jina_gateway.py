@@ -244,12 +244,11 @@ def screen_executor_sends(streamer, room) -> None:
     original = pool.send_requests_once
 
     def send_requests_once(requests, deployment, *args, **kwargs):
-        request = requests[0] if len(requests) == 1 else None
+        request = requests[0] if len(requests) == 1 and deployment in room.rooms else None
         verdict = room.enter(deployment, root_documents(request)) if request is not None else None
         if isinstance(verdict, BaseException):
             request.add_exception(verdict)
-            if room.rooms.get(deployment) is not None:
-                request.header.status.exception.executor = room.rooms[deployment].executor
+            request.header.status.exception.executor = room.rooms[deployment].executor
             answered = asyncio.get_running_loop().create_future()
             answered.set_result((request, {'is-error': 'true'}))
             return answered
