@@ -229,8 +229,8 @@ class CLIPReplica(Executor):
 
         The gateway's readiness probes and /clipserve/info are neither counted nor refused.
         """
-        if self._drain is not None and not self._drain.settled:
-            self._drain.install()  # before the first answer: once the Flow is ready, SIGTERM drains
+        if self._drain is not None:
+            self._drain.install()  # before the first answer (a no-op once settled): once ready, SIGTERM drains
         if not self._threads_installed:
             # Jina runs each request's endpoint on the event loop's default thread pool (a handful of
             # threads): make it this replica's pool, one thread per request it may hold, so an admitted

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from clipserve.errors import OverloadedError
 from clipserve.serving.endpoints import ADMISSION_TAG
+from clipserve.serving.gateway_metrics import GatewayMetrics
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class ReplicaRoom:
         self.rooms: dict[str, Room] = {}
         self.held: collections.Counter[str] = collections.Counter()
         self.refused = 0
-        self.metrics = metrics
+        self.metrics = metrics or GatewayMetrics()  # no registry: a no-op
 
     def update(self, deployments: dict[str, list[str]], reports: dict[str, list[dict]]) -> None:
         """The rooms from the latest readiness reports (address -> reports, answering addresses only)."""
@@ -90,8 +91,7 @@ class ReplicaRoom:
             room = room_of([reports[a] for a in addresses if a in reports])
             if room is not None:
                 rooms[name] = room
-            if self.metrics is not None:
-                self.metrics.executor_room(name, places=room.places if room is not None else 0)
+            self.metrics.executor_room(name, places=room.places if room is not None else 0)
         self.rooms = rooms
 
     def enter(self, deployment: str, roots: int | None) -> bool | None | OverloadedError:
@@ -101,8 +101,7 @@ class ReplicaRoom:
         held = self.held[deployment]
         if held >= room.places:
             self.refused += 1
-            if self.metrics is not None:
-                self.metrics.refused('all', 'max_requests')
+            self.metrics.refused('all', 'max_requests')
             return OverloadedError(
                 f'overloaded: {held} requests in flight on {deployment} ({room.replicas} replica(s)), its limit '
                 f'(max_requests={room.max_requests} per replica); retry after {room.retry_after:g}s',
@@ -110,11 +109,9 @@ class ReplicaRoom:
                 room.retry_after,
             )
         self.held[deployment] = held + 1
-        if self.metrics is not None:
-            self.metrics.executor_room(deployment, held=held + 1)
+        self.metrics.executor_room(deployment, held=held + 1)
         return True
 
     def leave(self, deployment: str) -> None:
         self.held[deployment] -= 1
-        if self.metrics is not None:
-            self.metrics.executor_room(deployment, held=self.held[deployment])
+        self.metrics.executor_room(deployment, held=self.held[deployment])
