@@ -255,6 +255,35 @@ def test_a_client_timeout_is_a_504_and_the_executor_lets_the_request_go(flow):
     assert answer.json()['header']['status']['exception']['name'] == 'DeadlineExceededError'
 
 
+def gateway_in_flight(flow) -> float:
+    """The gateway's clipserve_gateway_requests_in_flight, scraped from its monitoring port."""
+    scraped = urllib.request.urlopen(f'http://127.0.0.1:{flow["metrics"]}/', timeout=10).read().decode()
+    return float(
+        next(
+            line.split()[-1]
+            for line in scraped.splitlines()
+            if line.startswith('clipserve_gateway_requests_in_flight ')
+        )
+    )
+
+
+def test_a_v1_request_waiting_for_its_addresss_turn_is_a_504_when_its_timeout_passes(flow):
+    with Held(flow):
+        holders = [
+            in_background(lambda i=i: post_v1(flow, {'input': [f'held{i}']})) for i in range(MAX_STREAM_REQUESTS)
+        ]
+        wait_for(lambda: gateway_in_flight(flow) == MAX_STREAM_REQUESTS, 30, 'the held requests to take their turns')
+        started = time.perf_counter()
+        reply = post_v1(flow, {'input': ['late']}, headers={'X-Request-Timeout': '1'})
+        waited = time.perf_counter() - started
+    for thread, outcome in holders:
+        thread.join(60)
+        assert outcome['value'].status_code == 200, outcome
+    error = reply.json()['error']
+    assert reply.status_code == 504 and error['code'] == 'timeout' and 'max_stream_requests' in error['message']
+    assert 0.9 < waited < 4
+
+
 def test_a_request_whose_client_disconnects_is_cancelled_down_to_the_executor(flow):
     with Held(flow):
         sock = socket.create_connection(('127.0.0.1', flow['http']))

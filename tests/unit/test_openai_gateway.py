@@ -316,3 +316,53 @@ def test_a_client_that_disconnects_has_its_request_cancelled():
     started = time.perf_counter()
     request(app, 'POST', '/v1/embeddings', json.dumps({'input': ['a']}).encode(), leave_after=0.2)
     assert time.perf_counter() - started < 3 and flow.cancelled == 1
+
+
+def test_a_request_waiting_behind_its_addresss_others_counts_the_wait_against_its_timeout():
+    """X-Request-Timeout counts from the request's arrival at the gateway: one held behind the requests of
+    its client address (max_stream_requests) gets what is left of it, and a 504 with its body unread once
+    its timeout passes while it waits."""
+    from clipserve.serving import limits
+
+    flow = StandIn(hold=0.8)
+    app, _ = routes(flow)
+    app = limits.Admission(app, limits.InFlight(8, 1.0), lambda scope: False, 1, routes_.on_arrival)
+    body = json.dumps({'input': ['a']}).encode()
+
+    async def one(timeout, delay, read):
+        await asyncio.sleep(delay)
+        messages, sent = [{'type': 'http.request', 'body': body, 'more_body': False}], []
+
+        async def receive():
+            if messages:
+                read.append(timeout)
+                return messages.pop(0)
+            await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [(b'x-request-timeout', timeout.encode())] if timeout else []
+        scope = {'type': 'http', 'method': 'POST', 'path': '/v1/embeddings', 'headers': headers}
+        scope.update(query_string=b'', scheme='http', server=('127.0.0.1', 8080), client=('10.0.0.1', 4000))
+        started = time.perf_counter()
+        await app(scope, receive, send)
+        start = next(m for m in sent if m['type'] == 'http.response.start')
+        raw = b''.join(m.get('body', b'') for m in sent[1:])
+        return start['status'], json.loads(raw), time.perf_counter() - started, dict(start['headers'])
+
+    async def scenario():
+        read = []
+        first, second, third = await asyncio.gather(one(None, 0, read), one('2', 0.05, read), one('0.3', 0.1, read))
+        return first, second, third, read
+
+    first, second, third, read = asyncio.run(scenario())
+    assert first[0] == 200 and second[0] == 200
+    # the second waited ~0.8 s of its 2 for its turn: the executors were given what was left
+    assert 0.9 < second[2] and 0 < flow.sent[-1][2]['timeout_seconds'] <= 1.3
+    status, answer, waited, headers = third
+    assert (
+        status == 504 and answer['error']['code'] == 'timeout' and 'max_stream_requests' in answer['error']['message']
+    )
+    assert waited < 0.7 and read == [None, '2'] and headers.get(b'connection') == b'close'  # never read, never sent
+    assert len([endpoint for endpoint, *_ in flow.sent if endpoint.startswith('/encode/')]) == 2

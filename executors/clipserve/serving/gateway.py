@@ -202,7 +202,8 @@ class ReadyGateway(CompositeGateway):
             flow, metrics, playground = self.openai
             app = v1_routes.OpenAIRoutes(app, flow, self.limits, metrics, playground, self.logger)
         app = ReadinessMiddleware(app, self.readiness)
-        app = limits_.Admission(app, self.in_flight, uncounted, self.limits.max_stream_requests)
+        peer_cap = self.limits.max_stream_requests
+        app = limits_.Admission(app, self.in_flight, uncounted, peer_cap, v1_routes.on_arrival)
         if self.token:
             app = TokenMiddleware(app, self.token)
         return limits_.BodyLimit(app, self.limits.max_body_bytes, self.gateway_metrics)

@@ -18,7 +18,8 @@ Every limit answers at once with a clear refusal that names it, before the gatew
 - `max_stream_requests` (8): requests of one client stream (a gRPC call, a WebSocket), or HTTP requests of one
   client address, the gateway lets through at once. Jina's clients keep `prefetch` requests in flight
   (clip-client: 100), more than a replica admits (its max_requests); past this bound a stream waits in its
-  flow control, an HTTP request with its body unread (PeerShare); nothing refused.
+  flow control, an HTTP request with its body unread (PeerShare); nothing refused. A waiting request's own
+  deadline (a /v1 request's X-Request-Timeout) counts from its arrival: past it, a 504 with its body unread.
 
 A refused gRPC call is refused without reading its messages (`refusing`): gRPC 1.68 buffers a whole message
 before it checks its size (grpc/grpc#43012), so reading one to refuse it would hold it all.
@@ -37,7 +38,7 @@ from clipserve.config.settings import MiB, Setting, read_settings
 from clipserve.serving import openai_api as api
 from clipserve.serving.gateway_metrics import GatewayMetrics
 from clipserve.serving.jina_gateway import CappedPrefetch
-from clipserve.serving.peer_share import PeerShare
+from clipserve.serving.peer_share import PeerShare, TurnTimedOut
 
 GATEWAY_SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -237,13 +238,15 @@ class BodyLimit:
 class Admission:
     """ASGI: counts HTTP requests and WebSocket connections in flight, refusing past the bound, and lets at
     most `peer_cap` HTTP requests of one client address through at once (PeerShare); `exempt(scope)` names
-    what is never counted (health and readiness checks, the static page)."""
+    what is never counted (health and readiness checks, the static page). `on_arrival(scope)` is told of each
+    HTTP request as it arrives and returns the seconds it may wait for its turn (None: as long as it takes)."""
 
-    def __init__(self, app, in_flight: InFlight, exempt, peer_cap: int | None = None):
+    def __init__(self, app, in_flight: InFlight, exempt, peer_cap: int | None = None, on_arrival=None):
         self.app = app
         self.in_flight = in_flight
         self.exempt = exempt
         self.peers = PeerShare(peer_cap) if peer_cap else None
+        self.on_arrival = on_arrival
 
     async def __call__(self, scope, receive, send):
         if scope['type'] not in ('http', 'websocket') or self.exempt(scope):
@@ -252,11 +255,21 @@ class Admission:
         if not self.in_flight.enter(protocol):
             return await self._refuse(scope, receive, send)
         try:
+            wait = self.on_arrival(scope) if self.on_arrival and protocol == 'http' else None
             if self.peers is None or protocol != 'http':
                 await self.app(scope, receive, send)
             else:
-                async with self.peers.share(str((scope.get('client') or ('?',))[0])):
+                async with self.peers.share(str((scope.get('client') or ('?',))[0]), wait):
                     await self.app(scope, receive, send)
+        except TurnTimedOut:
+            message = (
+                'the request did not finish within the timeout the client gave it: it waited its whole '
+                f'{wait:g} s behind other requests of its client address (the gateway lets '
+                f'max_stream_requests={self.peers.cap} of one address through at once)'
+            )
+            await send_json(
+                send, 504, _refusal(scope.get('path'), 504, message, 'timeout'), [(b'connection', b'close')]
+            )
         finally:
             self.in_flight.leave()
 

@@ -9,9 +9,11 @@ Answered in front of Jina's HTTP app on the same port, behind the same TLS, size
 admission (gateway.py); every other path goes to Jina's app. A body is read up to max_body_bytes, then parsed
 off the event loop (JSON values counted before they are built, at most max_inputs items). A request's
 deadline comes from the client: `X-Request-Timeout: <seconds>`, else the OpenAI SDK's own per-request
-timeout (`X-Stainless-Read-Timeout`); it becomes the request parameter `timeout_seconds` the executors drop
-late work by, and past it the gateway answers 504 and cancels the request. A request whose client
-disconnects is cancelled too, executors included (jina_gateway.send_request).
+timeout (`X-Stainless-Read-Timeout`), counted from the request's arrival at the gateway (`on_arrival`, which
+the gateway's admission calls, bounding by it the wait for a turn of the client's address); it becomes the
+request parameter `timeout_seconds` the executors drop late work by, and past it the gateway answers 504 and
+cancels the request. A request whose client disconnects is cancelled too, executors included
+(jina_gateway.send_request).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from importlib import resources
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -38,6 +41,7 @@ PLAYGROUND_FILE = 'playground.html'
 PLAYGROUND_PATHS = (api.PLAYGROUND_PATH, api.PLAYGROUND_PATH + '/')
 TIMEOUT_HEADER = 'x-request-timeout'  # seconds, set by any client
 SDK_TIMEOUT_HEADER = 'x-stainless-read-timeout'  # what the openai SDK sends: its timeout for this request
+ARRIVED = 'clipserve.arrived'  # the scope's key for when the gateway took the request (time.monotonic())
 NO_STORE = {'cache-control': 'no-store', 'x-content-type-options': 'nosniff'}
 
 
@@ -118,6 +122,18 @@ def client_timeout(headers) -> float | None:
         if name == TIMEOUT_HEADER:
             raise api.bad_request(f'{TIMEOUT_HEADER} must be a number of seconds > 0, got {value!r}', None)
     return None
+
+
+def on_arrival(scope) -> float | None:
+    """Stamps `scope` with its arrival (a /v1 request's timeout counts from it) and returns the seconds a /v1
+    request may wait for its turn: its timeout; None for other paths and for a bad header (the route's 400)."""
+    scope[ARRIVED] = time.monotonic()
+    if scope.get('type') != 'http' or not api.is_api_path(scope.get('path')):
+        return None
+    try:
+        return client_timeout(Headers(scope=scope))
+    except api.APIError:
+        return None
 
 
 async def _disconnected(request: Request) -> None:
@@ -243,7 +259,7 @@ class OpenAIRoutes:
         headers = dict(NO_STORE)
         try:
             timeout = client_timeout(request.headers)
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = None if timeout is None else (request.scope.get(ARRIVED) or time.monotonic()) + timeout
             raw = await self._read(request, state) if body else b''
             left = None if deadline is None else max(0.001, deadline - time.monotonic())
             result = await until_done(request, work(raw, left) if body else work(left), deadline)

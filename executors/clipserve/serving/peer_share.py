@@ -16,21 +16,29 @@ class PeerShare:
         self._peers: dict[str, asyncio.Semaphore] = {}
         self._users: dict[str, int] = {}
 
-    def share(self, peer: str) -> _PeerTurn:
-        """`async with share(peer):` one turn of `peer`'s."""
-        return _PeerTurn(self, peer)
+    def share(self, peer: str, timeout: float | None = None) -> _PeerTurn:
+        """`async with share(peer):` one turn of `peer`'s; TurnTimedOut when it has not come within `timeout`
+        seconds (the client's own deadline)."""
+        return _PeerTurn(self, peer, timeout)
+
+
+class TurnTimedOut(Exception):
+    """A request's turn did not come before its deadline."""
 
 
 class _PeerTurn:
-    def __init__(self, share: PeerShare, peer: str):
-        self.share, self.peer = share, peer
+    def __init__(self, share: PeerShare, peer: str, timeout: float | None):
+        self.share, self.peer, self.timeout = share, peer, timeout
 
     async def __aenter__(self):
         share = self.share
         share._users[self.peer] = share._users.get(self.peer, 0) + 1
         semaphore = share._peers.setdefault(self.peer, asyncio.Semaphore(share.cap))
         try:
-            await semaphore.acquire()
+            await asyncio.wait_for(semaphore.acquire(), self.timeout)  # a turn taken as time runs out is kept
+        except asyncio.TimeoutError:
+            self._forget()
+            raise TurnTimedOut() from None
         except BaseException:
             self._forget()
             raise
