@@ -64,20 +64,11 @@ class OnnxBackend(Backend):
         self.dtype = self.precision.name
         folder = locate_export(model, model_path, options.trust_remote_code, options.truncate_dim)
         self.folder = folder
-        session_options = ort.SessionOptions()
-        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session_options.inter_op_num_threads = 1
-        if self.device == 'cpu':
-            # With dynamic batch and sequence sizes, ORT's arena and per-shape memory patterns keep
-            # the largest activations of every shape seen; plain allocation measured no slower
-            # (ViT-B-32, 2 cores, interleaved: images 20.2 vs 19.4/s, texts 115 vs 116/s) and
-            # gives the memory back after each call.
-            session_options.enable_cpu_mem_arena = False
-            session_options.enable_mem_pattern = False
-        if options.num_threads:
-            session_options.intra_op_num_threads = options.num_threads
-        self.visual = self._session(folder / VISUAL_FILE, session_options)
-        self.textual = self._session(folder / TEXTUAL_FILE, session_options)
+        self.visual = self._session(folder / VISUAL_FILE, self._options(options.num_threads, spinning=True))
+        # A query's short text pass comes between image passes: a text thread spinning after it would be a third
+        # thread on the image pass's cores (docs/benchmarks.md, Overload); it sleeps instead (a wake-up per pass).
+        spinning = self.device != 'cpu'
+        self.textual = self._session(folder / TEXTUAL_FILE, self._options(options.num_threads, spinning=spinning))
         metadata = self._metadata(folder, model)
         self.model_name = metadata.model
         text_shape = self.textual.get_inputs()[0].shape
@@ -120,6 +111,23 @@ class OnnxBackend(Backend):
             _static(self.visual.get_inputs()[0].shape[-1]),
             _static(self.visual.get_outputs()[0].shape[-1]),
         )
+
+    def _options(self, num_threads: int | None, spinning: bool) -> ort.SessionOptions:
+        """One session's options: `num_threads` intra-op threads; `spinning` False: idle threads sleep at once."""
+        session_options = ort.SessionOptions()
+        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session_options.inter_op_num_threads = 1
+        if self.device == 'cpu':
+            # With dynamic batch and sequence sizes, ORT's arena and per-shape memory patterns keep
+            # the largest activations of every shape seen; plain allocation measured no slower
+            # and gives the memory back after each call.
+            session_options.enable_cpu_mem_arena = False
+            session_options.enable_mem_pattern = False
+        if num_threads:
+            session_options.intra_op_num_threads = num_threads
+        if not spinning:
+            session_options.add_session_config_entry('session.intra_op.allow_spinning', '0')
+        return session_options
 
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
         if self.dtype == 'fp16':
