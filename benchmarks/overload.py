@@ -1,7 +1,8 @@
 """Overload: the shipped onnx Flow offered 1x, 2x and 4x its sustainable rate, large and small requests mixed.
 
     .venv/bin/python benchmarks/overload.py [--model ViT-B-32::random] [--window 30] [--loads 1 2 4]
-        [--small-fraction 0.2] [--arrivals poisson|fixed] [--soak MINUTES] [--set max_documents=128 ...]
+        [--small-fraction 0.2] [--arrivals poisson|fixed] [--soak MINUTES] [--client lean|jina]
+        [--no-mixed-baseline] [--set max_documents=128 ...]
 
 flows/onnx.yml (ReadyGateway, gRPC) serves an ONNX export of `--model` on a free port of 127.0.0.1. A closed
 loop (`--closed-clients` clients, each sending its next request when its last is answered) measures the
@@ -11,7 +12,10 @@ sustainable rate measured just before, plus small ones (one short text, or one J
 `--small-fraction` of all requests, for `--window` seconds; then it waits up to `--drain` seconds for every
 answer. The closed loop and one batch (one forward pass of 8 images, model only, timed in this process
 while the Flow is idle) are measured again after each run, and each run is compared with the mean of the
-measures around it: the machine's speed drifts with other work on it.
+measures around it: the machine's speed drifts with other work on it. Small requests are never refused
+(the replica keeps places for them) and cost the Flow their share at any load, so, like for like, the closed
+loop is also measured just before and after each run while the same small requests arrive as in the run
+(`--no-mixed-baseline`: not), and the run's large requests are compared with what it sustained besides them.
 
 Per run it prints the offered rate; goodput (requests answered correctly, and their images, per second
 from the window's start to the last answer; in brackets, counted within the window only; and, robust to
@@ -23,9 +27,12 @@ after the drain; the CPU each process used; the resident memory of each of the F
 every 0.5 s) as growth over the end of the first closed loop (the warm-up) and within the window's
 second half. `--soak MINUTES` adds an open loop at `--soak-load` x for that long: memory after its
 warm-up (a minute in, or its first refusal, whichever is later). `--set` gives executor settings
-(as CLIPSERVE_* variables). Clients run in this process (asyncio, Jina's gRPC client, as clip-client
-uses it), on the same cores as the Flow; the load average is recorded. Writes
-benchmarks/results/overload.json and overload.png.
+(as CLIPSERVE_* variables). The load generator runs in this process (asyncio), on the same cores as the
+Flow (the load average is recorded): by default a lean one (one gRPC connection, each kind's request
+serialized once), so that the Flow has the cores as it would with its clients on other machines;
+`--client jina` sends with Jina's own client as clip-client does (a connection per request, requests built
+and answers parsed as DocumentArrays), which costs the shared cores more (benchmarks/overload_clients.py).
+Writes benchmarks/results/overload.json and overload.png.
 """
 
 from __future__ import annotations
@@ -44,23 +51,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import machine, save  # noqa: E402
+from benchmarks.overload_clients import closed_loop, offer  # noqa: E402
 from benchmarks.overload_helpers import (  # noqa: E402
-    ERROR,
-    OK,
-    Arrival,
-    Outcome,
     RssSampler,
     arrivals,
-    classify,
     cpu_seconds,
     memory_growth,
-    open_loop,
     summarize,
 )
 from benchmarks.overload_report import draw, goals, print_report  # noqa: E402
-
-SHORT = 'a photo of a small brown dog running on the beach'
-PARAMETERS = {'drop_image_content': True}  # what clip-client sends
 
 
 def flow_from_shipped_yaml(port: int, model: str, onnx_dir: str, folder: str):
@@ -122,90 +121,6 @@ def code_state() -> dict:
     return {'commit': git('rev-parse', '--short', 'HEAD'), 'changed': [line[3:] for line in changed.splitlines()]}
 
 
-def make_docs(kind: str, tag: str, jpeg: bytes):
-    from docarray import Document, DocumentArray
-
-    if kind == 'text':
-        return DocumentArray([Document(id=f'{tag}-0', text=SHORT)])
-    return DocumentArray([Document(id=f'{tag}-{i}', blob=jpeg) for i in range(8 if kind == 'large' else 1)])
-
-
-def check_answer(sent, got) -> str | None:
-    """None when `got` is `sent`'s documents, in order, each with a finite embedding; else what is wrong."""
-    if got is None or [d.id for d in got] != [d.id for d in sent]:
-        return 'the answer does not carry the documents sent'
-    embeddings = got.embeddings
-    if embeddings is None or embeddings.shape[0] != len(sent) or not np.isfinite(embeddings).all():
-        return 'the answer lacks an embedding per document'
-    return None
-
-
-async def send(client, outcome: Outcome, docs, start: float) -> None:
-    """Post `docs` and record how it ended (times in seconds since `start`)."""
-    got = None
-    try:
-        async for answer in client.post('/', docs, request_size=len(docs), parameters=dict(PARAMETERS)):
-            got = answer
-        outcome.ended = time.monotonic() - start
-        problem = check_answer(docs, got)
-        outcome.status, outcome.detail = (OK, '') if problem is None else (ERROR, problem)
-    except asyncio.CancelledError:
-        raise  # never answered: stays lost
-    except Exception as error:  # noqa: BLE001 - every failure is classified and counted
-        outcome.ended = time.monotonic() - start
-        outcome.status, outcome.detail, outcome.limit, outcome.retry_after = classify(error)
-
-
-async def offer(port: int, schedule: list[Arrival], drain: float, jpeg: bytes, name: str) -> list[Outcome]:
-    """The open loop of `schedule` against the Flow on `port`, with one asyncio client (as clip-client's)."""
-    from jina import Client
-
-    client = Client(host='127.0.0.1', port=port, asyncio=True)
-
-    def request(outcome: Outcome, i: int, start: float):
-        return send(client, outcome, make_docs(outcome.kind, f'{name}-{i}', jpeg), start)
-
-    return await open_loop(schedule, drain, request)
-
-
-async def closed_loop(port: int, clients: int, seconds: float, jpeg: bytes, executor_pid: int) -> dict:
-    """Large requests from `clients` clients back to back: requests/s answered (after one warm-up request
-    each; the clock stops when the last request sent before the deadline is answered), and the executor's CPU
-    time over the same interval."""
-    from jina import Client
-
-    client = Client(host='127.0.0.1', port=port, asyncio=True)
-    outcomes: list[Outcome] = []
-
-    async def keep_sending(i: int, start: float, stop: float | None):
-        n = 0
-        while True:
-            outcome = Outcome('large', time.monotonic() - start, time.monotonic() - start)
-            await send(client, outcome, make_docs('large', f'closed-{i}-{n}', jpeg), start)
-            n += 1
-            if stop is None:
-                return
-            outcomes.append(outcome)
-            if time.monotonic() >= stop:
-                return
-
-    await asyncio.gather(*(keep_sending(i, time.monotonic(), None) for i in range(clients)))
-    start, cpu = time.monotonic(), cpu_seconds(executor_pid)
-    await asyncio.gather(*(keep_sending(i, start, start + seconds) for i in range(clients)))
-    elapsed, cpu = time.monotonic() - start, cpu_seconds(executor_pid) - cpu
-    ok = [o for o in outcomes if o.status == OK]
-    return {
-        'requests_per_s': len(ok) / elapsed,
-        'images_per_s': 8 * len(ok) / elapsed,
-        'images': 8 * len(ok),
-        'seconds': elapsed,
-        'failed': len(outcomes) - len(ok),
-        'p50_s': float(np.median([o.latency for o in ok])) if ok else float('nan'),
-        'executor_cpu_s': cpu,
-        'images_per_cpu_s': 8 * len(ok) / max(1e-9, cpu),
-    }
-
-
 class OneBatch:
     """One forward pass of 8 images, model only (preprocessed before the clock), with the executor's threads:
     the model is loaded in this process once, and timed whenever the Flow is idle."""
@@ -238,7 +153,7 @@ def run_load(port, sampler, name, large_rate, seconds, args, jpeg, baseline) -> 
     cpu = {name: cpu_seconds(pid) for name, pid in processes.items()}
     schedule = arrivals(large_rate, seconds, args.small_fraction, args.arrivals == 'poisson', seed=args.seed)
     at = sampler.now()
-    outcomes = asyncio.run(offer(port, schedule, args.drain, jpeg, name))
+    outcomes = asyncio.run(offer(port, schedule, args.drain, jpeg, name, args.client))
     ended = sampler.now()
     after = replica_info(port)
     cpu = {name: cpu_seconds(pid) - cpu[name] for name, pid in processes.items() if cpu[name] is not None}
@@ -271,6 +186,18 @@ def main() -> None:
     parser.add_argument('--loads', type=float, nargs='*', default=[1, 2, 4], help='multiples of the sustainable rate')
     parser.add_argument('--small-fraction', type=float, default=0.2, help='share of small requests (text / image)')
     parser.add_argument('--arrivals', choices=['poisson', 'fixed'], default='poisson')
+    parser.add_argument(
+        '--client',
+        choices=['lean', 'jina'],
+        default='lean',
+        help="load generator: one connection, requests serialized once (lean), or Jina's client as clip-client",
+    )
+    parser.add_argument(
+        '--mixed-baseline',
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='also measure, around each run, the closed loop besides the same small requests',
+    )
     parser.add_argument('--closed-clients', type=int, default=8)
     parser.add_argument('--closed-seconds', type=float, default=20.0)
     parser.add_argument('--rate', type=float, help='the sustainable large requests/s (skips the first closed loop)')
@@ -294,10 +221,11 @@ def main() -> None:
     jpeg = jpeg_640x480()
     results = {'model': args.model, 'machine': info, 'args': vars(args), 'code': code_state(), 'runs': []}
 
-    def measure_closed() -> dict:
+    def measure_closed(small_rate: float = 0.0) -> dict:
         """The closed loop, with the images it had answered per second of the executor's CPU time."""
         before = replica_info(port)
-        run = asyncio.run(closed_loop(port, args.closed_clients, args.closed_seconds, jpeg, sampler.pids['executor']))
+        executor, seconds = sampler.pids['executor'], args.closed_seconds
+        run = asyncio.run(closed_loop(port, args.closed_clients, seconds, jpeg, executor, args.client, small_rate))
         after = replica_info(port)
         run['model_calls'] = int(after['model_calls'] - before['model_calls'])  # warm-up requests included
         run['model_images'] = int(after['images_encoded'] - before['images_encoded'])
@@ -316,6 +244,27 @@ def main() -> None:
             f'sustainable {closed[-1]["requests_per_s"]:.2f} requests/s, one batch {1000 * batches[-1]:.0f} ms; '
             f'{run["model_calls"]} forward passes ({run["model_images"]} images, {run["model_texts"]} texts), the '
             f'closed loop {closed[-1]["model_images"] / max(1, closed[-1]["model_calls"]):.1f} images per pass'
+        )
+
+    def with_small(large_rate: float) -> dict | None:
+        """The closed loop besides the small requests an open loop at `large_rate` sends (--mixed-baseline)."""
+        if not args.mixed_baseline or args.small_fraction <= 0:
+            return None
+        return measure_closed(large_rate * args.small_fraction / (1 - args.small_fraction))
+
+    def against_mixed(run: dict, before: dict | None, after: dict | None) -> None:
+        """The run's large requests against what the closed loop sustains besides the same small requests."""
+        if before is None or after is None:
+            return
+        run['mixed_closed'] = [before, after]
+        run['sustainable_with_small_requests_per_s'] = (before['requests_per_s'] + after['requests_per_s']) / 2
+        run['mixed_closed_images_per_cpu_s'] = (before['images_per_cpu_s'] + after['images_per_cpu_s']) / 2
+        large = 8 * run['kinds']['large']['ok']
+        run['large_images_per_cpu_s'] = large / max(1e-9, run['cpu_seconds'].get('executor', math.nan))
+        print(
+            f'{run["name"]}: besides the same small requests the closed loop sustains '
+            f'{before["requests_per_s"]:.2f}, {after["requests_per_s"]:.2f} large requests/s; the run answered '
+            f'{large / run["span_s"] / 8:.2f}/s'
         )
 
     with tempfile.TemporaryDirectory(prefix='clipserve-overload-') as workdir:
@@ -341,12 +290,16 @@ def main() -> None:
                     f'sustainable {rate():.2f} large requests/s, one batch {1000 * batches[0]:.0f} ms; loads {args.loads}'
                 )
                 for load in args.loads:
-                    run = run_load(port, sampler, f'{load:g}x', load * rate(), args.window, args, jpeg, baseline)
+                    large_rate = load * rate()
+                    mixed_before = with_small(large_rate)
+                    run = run_load(port, sampler, f'{load:g}x', large_rate, args.window, args, jpeg, baseline)
                     results['runs'].append(run)
                     bracket(run)
+                    against_mixed(run, mixed_before, with_small(large_rate))
                 if args.soak > 0:
-                    name, seconds = f'soak {args.soak_load:g}x', 60 * args.soak
-                    soak = run_load(port, sampler, name, args.soak_load * rate(), seconds, args, jpeg, baseline)
+                    name, seconds, large_rate = f'soak {args.soak_load:g}x', 60 * args.soak, args.soak_load * rate()
+                    mixed_before = with_small(large_rate)
+                    soak = run_load(port, sampler, name, large_rate, seconds, args, jpeg, baseline)
                     # warmed up: a minute (a quarter of a short soak) in, and the replica full (its first refusal)
                     warm = min(max(min(60.0, seconds / 4), soak['first_refusal_s'] or 0.0), seconds / 2)
                     warm += soak['started_at']
@@ -354,6 +307,7 @@ def main() -> None:
                     soak['memory_after_warmup'] = memory_growth(sampler, (warm - 5, warm), (warm, soak['ended_at']))
                     results['soak'] = soak
                     bracket(soak)
+                    against_mixed(soak, mixed_before, with_small(large_rate))
             results['final_replica'] = replica_info(port)
         one_batch.backend.close()
     results.update(

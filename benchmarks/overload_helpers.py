@@ -66,6 +66,21 @@ def arrivals(
     return out
 
 
+def small_arrivals(rate: float, seconds: float, seed: int = 0) -> list[Arrival]:
+    """Small requests only (half texts, half images, drawn at random, seeded) at `rate`/s, Poisson, for
+    `seconds`: what an open loop at some load sends besides its large requests."""
+    if rate <= 0 or seconds <= 0:
+        return []
+    rng = np.random.default_rng(seed)
+    times, t = [], 0.0
+    while True:
+        t += rng.exponential(1 / rate)
+        if t >= seconds:
+            break
+        times.append(t)
+    return [Arrival(float(at), str(kind)) for at, kind in zip(times, rng.choice(KINDS[1:], size=len(times)))]
+
+
 async def open_loop(
     schedule: list[Arrival], drain: float, send: Callable[[Outcome, int, float], Awaitable[None]]
 ) -> list[Outcome]:

@@ -58,6 +58,7 @@ def goals(results: dict) -> list[dict]:
                 f'{100 * top["images_per_cpu_s"] / top["closed_images_per_cpu_s"]:.0f} %',
                 top['images_per_cpu_s'] >= GOODPUT * top['closed_images_per_cpu_s'],
             ),
+            *_mixed_goals(top),
             _goal(
                 f'{name}: every refusal a clear retryable error',
                 f'{top["refused"]} clear, {top["refused_unclear"]} unclear',
@@ -93,6 +94,36 @@ def goals(results: dict) -> list[dict]:
             )
         )
     return out
+
+
+def _large_share(run: dict) -> float:
+    """The run's large requests answered per second, of what the closed loop sustains besides the same small
+    requests (nan without that measure)."""
+    sustainable = run.get('sustainable_with_small_requests_per_s')
+    return run['kinds']['large']['ok'] / run['span_s'] / sustainable if sustainable else math.nan
+
+
+def _mixed_goals(top: dict) -> list[dict]:
+    """Goodput like for like: the large requests answered under overload against what the closed loop
+    sustains while the same small requests arrive (they are all answered at any load, and cost their share)."""
+    if not top.get('sustainable_with_small_requests_per_s'):
+        return []
+    name, share = top['name'], _large_share(top)
+    per_cpu = top['large_images_per_cpu_s'] / top['mixed_closed_images_per_cpu_s']
+    return [
+        _goal(
+            f"{name}: large requests' goodput >= {100 * GOODPUT:.0f} % of what the closed loop sustains besides "
+            f'the same small requests ({top["sustainable_with_small_requests_per_s"]:.2f} requests/s, bracketed)',
+            f'{top["kinds"]["large"]["ok"] / top["span_s"]:.2f} requests/s = {100 * share:.0f} %',
+            share >= GOODPUT,
+        ),
+        _goal(
+            f'{name}: the same per second of executor CPU time',
+            f'{top["large_images_per_cpu_s"]:.2f} vs {top["mixed_closed_images_per_cpu_s"]:.2f} large images per '
+            f'CPU-second = {100 * per_cpu:.0f} %',
+            per_cpu >= GOODPUT,
+        ),
+    ]
 
 
 def _runs(results: dict) -> list[dict]:
@@ -133,6 +164,7 @@ def print_report(results: dict) -> None:
                 f'{r["goodput_images_per_s"]:.1f} ({r["goodput_images_per_s_in_window"]:.1f})',
                 f'{8 * r["sustainable_requests_per_s"]:.1f}',
                 f'{100 * r["goodput_images_per_s"] / (8 * r["sustainable_requests_per_s"]):.0f} %',
+                '-' if math.isnan(_large_share(r)) else f'{100 * _large_share(r):.0f} %',
                 f'{r["model_images"] / r["span_s"]:.1f}',
                 f'{r["images_per_cpu_s"]:.2f} ({100 * r["images_per_cpu_s"] / r["closed_images_per_cpu_s"]:.0f} %)',
                 f'{r["refused"]} ({limits})',
@@ -154,6 +186,7 @@ def print_report(results: dict) -> None:
                 'goodput images/s (in window)',
                 'sustainable images/s',
                 'goodput of sustainable',
+                'large goodput of sustainable besides the same small requests',
                 'model images/s',
                 'images per executor CPU-s (of closed loop)',
                 'refused, clear (limit)',

@@ -25,6 +25,7 @@ from benchmarks.overload_helpers import (
     memory_growth,
     open_loop,
     percentile,
+    small_arrivals,
     summarize,
     vm_rss_mb,
 )
@@ -206,3 +207,12 @@ def test_cpu_seconds_counts_what_a_process_has_used():
     child = subprocess.Popen([sys.executable, '-c', 'pass'])
     child.wait()
     assert cpu_seconds(child.pid) is None
+
+
+def test_small_arrivals_are_only_small_requests_at_the_rate_asked_half_texts_half_images():
+    schedule = small_arrivals(rate=5.0, seconds=400.0, seed=1)
+    kinds = [a.kind for a in schedule]
+    assert set(kinds) == {'text', 'image'} and abs(kinds.count('text') / len(kinds) - 0.5) < 0.05
+    assert abs(len(schedule) / 400.0 - 5.0) < 0.5 and all(0 < a.at < 400 for a in schedule)
+    assert [a.at for a in schedule] == sorted(a.at for a in schedule)
+    assert schedule == small_arrivals(rate=5.0, seconds=400.0, seed=1) and small_arrivals(0.0, 10.0) == []
