@@ -64,11 +64,9 @@ class OnnxBackend(Backend):
         self.dtype = self.precision.name
         folder = locate_export(model, model_path, options.trust_remote_code, options.truncate_dim)
         self.folder = folder
-        self.visual = self._session(folder / VISUAL_FILE, self._options(options.num_threads, spinning=True))
-        # A query's short text pass comes between image passes: a text thread spinning after it would be a third
-        # thread on the image pass's cores (docs/benchmarks.md, Overload); it sleeps instead (a wake-up per pass).
-        spinning = self.device != 'cpu'
-        self.textual = self._session(folder / TEXTUAL_FILE, self._options(options.num_threads, spinning=spinning))
+        session_options = self._options(options.num_threads)
+        self.visual = self._session(folder / VISUAL_FILE, session_options)
+        self.textual = self._session(folder / TEXTUAL_FILE, session_options)
         metadata = self._metadata(folder, model)
         self.model_name = metadata.model
         text_shape = self.textual.get_inputs()[0].shape
@@ -112,8 +110,8 @@ class OnnxBackend(Backend):
             _static(self.visual.get_outputs()[0].shape[-1]),
         )
 
-    def _options(self, num_threads: int | None, spinning: bool) -> ort.SessionOptions:
-        """One session's options: `num_threads` intra-op threads; `spinning` False: idle threads sleep at once."""
+    def _options(self, num_threads: int | None) -> ort.SessionOptions:
+        """The sessions' options: `num_threads` intra-op threads (each session has its own)."""
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session_options.inter_op_num_threads = 1
@@ -123,10 +121,12 @@ class OnnxBackend(Backend):
             # and gives the memory back after each call.
             session_options.enable_cpu_mem_arena = False
             session_options.enable_mem_pattern = False
+            # Threads spin within a pass (fast between its operators) but stop when it returns: otherwise the
+            # text session's threads, spinning after a query's short pass, would be extra threads on the next
+            # image pass's cores, and both sessions' on the decoding between passes (docs/benchmarks.md, Overload).
+            session_options.add_session_config_entry('session.force_spinning_stop', '1')
         if num_threads:
             session_options.intra_op_num_threads = num_threads
-        if not spinning:
-            session_options.add_session_config_entry('session.intra_op.allow_spinning', '0')
         return session_options
 
     def _session(self, path: Path, session_options) -> ort.InferenceSession:
