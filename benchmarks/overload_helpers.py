@@ -29,6 +29,16 @@ class Arrival:
     kind: str
 
 
+def _poisson_times(rng: np.random.Generator, rate: float, seconds: float) -> list[float]:
+    """Arrival times of a Poisson process at `rate`/s within `seconds` (exponential gaps drawn from `rng`)."""
+    times, t = [], 0.0
+    while True:
+        t += rng.exponential(1 / rate)
+        if t >= seconds:
+            return times
+        times.append(t)
+
+
 def arrivals(
     large_rate: float, seconds: float, small_fraction: float = 0.2, poisson: bool = True, seed: int = 0
 ) -> list[Arrival]:
@@ -46,12 +56,7 @@ def arrivals(
     total = large_rate / (1 - small_fraction)
     rng = np.random.default_rng(seed)
     if poisson:
-        times, t = [], 0.0
-        while True:
-            t += rng.exponential(1 / total)
-            if t >= seconds:
-                break
-            times.append(t)
+        times = _poisson_times(rng, total, seconds)
         p = [1 - small_fraction, small_fraction / 2, small_fraction / 2]
         kinds = [str(k) for k in rng.choice(KINDS, size=len(times), p=p)] if times else []
         return [Arrival(float(a), k) for a, k in zip(times, kinds)]
@@ -72,12 +77,7 @@ def small_arrivals(rate: float, seconds: float, seed: int = 0) -> list[Arrival]:
     if rate <= 0 or seconds <= 0:
         return []
     rng = np.random.default_rng(seed)
-    times, t = [], 0.0
-    while True:
-        t += rng.exponential(1 / rate)
-        if t >= seconds:
-            break
-        times.append(t)
+    times = _poisson_times(rng, rate, seconds)
     return [Arrival(float(at), str(kind)) for at, kind in zip(times, rng.choice(KINDS[1:], size=len(times)))]
 
 
