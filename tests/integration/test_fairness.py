@@ -3,7 +3,8 @@ host another request named, and a request past its deadline is dropped, not comp
 
 ViT-B-32 (random weights) makes one forward pass of 8 images long enough (a few hundred ms on a CPU) that
 the gRPC and Jina overhead does not decide the outcome; "one batch" is measured in the same run, as the
-answer time of one request of 8 images on the idle Flow.
+answer time of one request of 8 images on the idle Flow. The head-of-line cases run behind both kinds of
+gateway: Jina's own (a Python Flow, as clip-as-service's YAMLs have) and clipserve's (flows/torch.yml).
 """
 
 import http.server
@@ -19,7 +20,7 @@ from jina import Client, Flow
 
 from clipserve import CLIPEncoder
 
-from .conftest import free_port, make_image
+from .conftest import flow_from_yaml, free_port, make_image
 
 MODEL = 'ViT-B-32::random'
 SLOW_SECONDS = 6
@@ -46,12 +47,27 @@ def slow_host():
     server.shutdown()
 
 
-@pytest.fixture(scope='module')
-def flow(slow_host):
+@pytest.fixture(scope='module', params=['jina-gateway', 'clipserve-gateway'])
+def flow(request, slow_host, tmp_path_factory):
     uses_with = {'name': MODEL, 'allow_remote_uris': True, 'remote_allowed_hosts': '127.0.0.1', 'remote_timeout': 20}
     uses_with['max_documents'] = 8192  # the three large requests below are all admitted, as in the issue's scenario
-    with Flow(port=free_port()).add(uses=CLIPEncoder, uses_with=uses_with, timeout_ready=-1) as f:
+    if request.param == 'jina-gateway':
+        flow = Flow(port=free_port()).add(uses=CLIPEncoder, uses_with=uses_with, timeout_ready=-1)
+    else:
+
+        def edit(config):
+            config['gateway']['port'] = free_port()
+            config['executors'][0]['uses']['with'].update(uses_with)
+
+        flow = flow_from_yaml('torch.yml', tmp_path_factory.mktemp('flows'), edit)
+    with flow as f:
+        f.gateway_kind = request.param
         yield f
+
+
+def jina_gateway_only(flow):
+    if flow.gateway_kind != 'jina-gateway':
+        pytest.skip("the replica's deadlines and bounds: once, behind Jina's gateway")
 
 
 def post(flow, docs, parameters=None):
@@ -125,6 +141,7 @@ def test_a_text_is_not_held_up_behind_large_requests(flow, one_batch):
 
 
 def test_a_request_past_its_deadline_is_dropped_with_a_clear_error(flow):
+    jina_gateway_only(flow)
     with pytest.raises(Exception, match='DeadlineExceeded|deadline'):
         post(flow, images(64), {'timeout_seconds': 0.05})
     with pytest.raises(Exception, match='timeout_seconds'):
@@ -135,12 +152,13 @@ def test_past_its_document_bound_a_request_waits_for_room_and_small_ones_do_not(
     """max_documents (8,192 here): of two requests of 5,000 images, the second waits for the first to leave
     (not refused: one client's batches may be that large), failing clearly if its deadline passes first, while a
     small request runs at once; the Flow keeps serving."""
+    jina_gateway_only(flow)
     first = other_client(flow, images=5000, seed=7, parameters={'timeout_seconds': 30})
     time.sleep(8)  # admitted and running
     started = time.perf_counter()
     with pytest.raises(Exception, match='max_documents') as late:
         post(flow, images(5000, seed=9), {'timeout_seconds': 2})
-    assert 'deadline exceeded waiting for room' in str(late.value) and time.perf_counter() - started < 10
+    assert 'deadline exceeded waiting in the queue' in str(late.value) and time.perf_counter() - started < 10
     assert post(flow, images(1))[0][0].embedding is not None  # small: no wait for documents
     assert first.poll() is None  # all this while the first still runs
     assert not answer(first)['ok']  # its own deadline

@@ -44,8 +44,15 @@ def flow(tmp_path_factory):
         executor['uses'] = {
             'jtype': 'HeldCLIPEncoder',
             'py_modules': ['clipserve', str(HELD)],
-            # no small reserve: the held requests and the probes are all one-text (small) requests
-            'with': {'name': TINY, 'hold_dir': str(hold), 'max_requests': MAX_REQUESTS, 'small_request_reserve': 0},
+            # no small reserve: the held requests and the probes are all one-text (small) requests; no queue: the
+            # replica refuses at once past max_requests (the queue itself: tests/integration/test_legacy_flows.py)
+            'with': {
+                'name': TINY,
+                'hold_dir': str(hold),
+                'max_requests': MAX_REQUESTS,
+                'small_request_reserve': 0,
+                'max_queued_requests': 0,
+            },
         }
 
     with flow_from_yaml('multi-protocol.yml', tmp_path_factory.mktemp('flows'), edit, {'CLIPSERVE_MODEL': TINY}):
@@ -194,7 +201,7 @@ def test_a_large_request_every_replica_would_refuse_is_refused_by_the_gateway_wi
     reply = post_v1(flow, {'input': large})  # every place given back: admitted again
     assert reply.status_code == 200 and len(reply.json()['data']) == LARGE
     scraped = urllib.request.urlopen(f'http://127.0.0.1:{flow["metrics"]}/', timeout=10).read().decode()
-    assert 'clipserve_gateway_refused_total{limit="max_requests",protocol="all"} 4.0' in scraped
+    assert 'clipserve_gateway_refused_total{limit="max_queued_requests",protocol="all"} 4.0' in scraped
     assert f'clipserve_gateway_executor_places{{executor="{EXECUTOR}"}} {MAX_REQUESTS:.1f}' in scraped
     assert f'clipserve_gateway_executor_requests{{executor="{EXECUTOR}"}} 0.0' in scraped
 

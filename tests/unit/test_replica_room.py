@@ -11,8 +11,9 @@ from clipserve.serving.readiness import FlowReadiness
 from clipserve.serving.replica_room import ReplicaRoom, room_of
 
 
-def report(max_requests=2, small=4, retry_after=1.0, shards=1, shard_id=0, executor='CLIPEncoder'):
+def report(max_requests=2, small=4, retry_after=1.0, shards=1, shard_id=0, executor='CLIPEncoder', queued=0):
     bound = {'max_requests': max_requests, 'small_documents': small, 'retry_after': retry_after, 'executor': executor}
+    bound['max_queued_requests'] = queued
     return {'shard_id': shard_id, 'shards': shards, 'draining': False, 'admission': bound}
 
 
@@ -20,6 +21,11 @@ def test_an_executors_places_are_those_of_its_answering_replicas_together():
     room = room_of([[report(2)], [report(3, small=2, retry_after=2.0)]])
     assert (room.places, room.replicas, room.max_requests, room.small_documents, room.retry_after) == (5, 2, 2, 2, 2.0)
     assert room.executor == 'CLIPEncoder'
+
+
+def test_a_replicas_queue_places_count_as_its_places():
+    room = room_of([[report(2, queued=10)], [report(3, queued=20)]])
+    assert (room.places, room.max_requests, room.max_queued_requests) == (35, 2, 10)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +63,9 @@ def test_large_requests_are_counted_and_past_every_place_refused_naming_the_repl
     assert room.enter('clip', 5) is True and room.enter('clip', 8) is True
     refusal = room.enter('clip', 5)
     assert isinstance(refusal, OverloadedError)
-    assert refusal.limit == 'max_requests' and refusal.retry_after == 1.0
-    assert 'max_requests=2' in str(refusal) and 'clip' in str(refusal)
-    assert room.refused == 1 and Metrics.seen == [('all', 'max_requests')]
+    assert refusal.limit == 'max_queued_requests' and refusal.retry_after == 1.0
+    assert 'max_requests=2 and max_queued_requests=0' in str(refusal) and 'clip' in str(refusal)
+    assert room.refused == 1 and Metrics.seen == [('all', 'max_queued_requests')]
     room.leave('clip')
     assert room.enter('clip', 5) is True  # a place given back is taken again
 

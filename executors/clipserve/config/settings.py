@@ -191,7 +191,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         'max_requests',
         'int',
         16,
-        'Requests a replica holds at once; more are refused (429 / RESOURCE_EXHAUSTED) to retry.',
+        'Requests a replica works on at once; more wait in its queue (max_queued_*).',
         minimum=1,
         section='limits',
     ),
@@ -210,6 +210,31 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         f'Places beyond max_requests that only requests of at most {SMALL_REQUEST_DOCUMENTS} documents (a query, '
         'a caption) may take, so large requests that fill a replica cannot refuse them.',
         minimum=0,
+        section='limits',
+    ),
+    _s(
+        'max_queued_requests',
+        'int',
+        1024,
+        'Requests that may wait for a place (first come, first served); more are refused (429 / '
+        'RESOURCE_EXHAUSTED) to retry.',
+        minimum=0,
+        section='limits',
+    ),
+    _s(
+        'max_queued_documents',
+        'int',
+        262_144,
+        'Documents the waiting requests may hold together; a request that would pass it is refused to retry.',
+        minimum=1,
+        section='limits',
+    ),
+    _s(
+        'max_queued_bytes',
+        'int',
+        512 * MiB,
+        'Content bytes (texts, images, URIs) the waiting requests may hold together; past it, refused to retry.',
+        minimum=1,
         section='limits',
     ),
     _s(

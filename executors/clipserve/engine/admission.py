@@ -1,36 +1,36 @@
-"""Admission: a replica holds a bounded number of requests and documents; past the bound, a clear refusal.
+"""Admission: what a replica works on is bounded; what it cannot work on yet waits in a bounded queue.
 
-A server that accepts everything under overload queues without end: latency grows with the queue,
-memory with it, and the requests that time out on the client's side are still computed. Refusing at
-once what would exceed the bound keeps both flat and tells the client to retry (OverloadedError: HTTP
-429 with Retry-After, gRPC RESOURCE_EXHAUSTED). A request with more documents than the document bound
-is not refused: it waits, holding its place, for the documents before it to leave (first come, first
-served; past its deadline it fails as any request does). One client keeps many requests in flight at once
-(clip-client: 100, of `batch_size` documents each; the gateway lets a replica see at most
-`max_stream_requests` of one stream), so refusing on documents would refuse one well-behaved client with large
-batches; the requests a replica holds, and so its memory, stay bounded by max_requests. A request alone
-always runs, whatever its size (its memory is bounded by the pipeline's window, engine/pipeline.py), and
-small requests never wait for documents.
+A replica works on at most `max_requests` requests and `max_documents` documents at once (its memory and
+each admitted request's wait depend on it). Past that, a request waits in a queue, first come first served,
+until a place and room for its documents come free. Clients keep many requests in flight (clip-client: 100;
+a Jina client: its `prefetch`, 1000 by default behind Jina's own gateway), and refusing what a client sent
+in good faith turns ordinary work into errors, since clip-client does not retry. The queue is bounded too,
+by requests, documents and bytes (what the queued requests hold in memory): past those bounds, and only
+then, a request is refused (OverloadedError: HTTP 429 with Retry-After, gRPC RESOURCE_EXHAUSTED). A queued
+request whose deadline passes leaves the queue with DeadlineExceededError, uncomputed. A request alone
+always runs, whatever its size (its memory is bounded by the pipeline's window, engine/pipeline.py).
 
-Small requests have places of their own: `small_reserve` places beyond `max_requests` that only a
-request of at most SMALL_REQUEST_DOCUMENTS documents (a search query, a caption to rank) may take. Under
-overload every place a large request leaves is taken by the next large one at once, so without them a
-pipeline's queries would be refused for as long as its indexing (or another client's) keeps the replica
-full; the scheduler then runs them in the next forward pass (engine/scheduler.py).
+Small requests (at most SMALL_REQUEST_DOCUMENTS documents: a search query, a caption to rank) pass the
+queue: they never wait for documents' room, and `small_reserve` places beyond `max_requests` are theirs
+alone, so a pipeline's queries are not stuck behind its own indexing; the scheduler then runs them in the
+next forward pass (engine/scheduler.py).
+
+Everything here runs on the replica's event loop (one thread): waiting is an asyncio future per queued
+request, granted when a place is given back, never a poll.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
+import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clipserve.errors import DeadlineExceededError, OverloadedError
 
-#: a request of at most this many documents (roots and matches) may take a place of the small reserve
+#: a request of at most this many documents (roots and matches) is small: it passes the queue
 SMALL_REQUEST_DOCUMENTS = 4
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -39,87 +39,154 @@ class Limits:
     max_documents: int = 4096
     retry_after: float = 1.0  # seconds a refused client is told to wait
     small_reserve: int = 64  # places beyond max_requests for small requests only
+    queued_requests: int = 1024  # requests waiting for a place, at most
+    queued_documents: int = 262_144  # documents of the waiting requests, at most
+    queued_bytes: int = 512 * MiB  # content bytes of the waiting requests, at most
+
+
+@dataclass(eq=False)
+class Place:
+    """One admitted request's hold on the replica: give it back with Admission.leave."""
+
+    documents: int
+    reserved: bool = False  # a place of the small reserve
+
+
+@dataclass(eq=False)
+class _Waiter:
+    documents: int
+    nbytes: int
+    granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def small(self) -> bool:
+        return self.documents <= SMALL_REQUEST_DOCUMENTS
 
 
 class Admission:
-    """Counts what a replica holds; `enter` admits or refuses, `leave` gives the room back."""
+    """Counts what a replica works on and what waits; `enter` admits, queues or refuses, `leave` gives back."""
 
     def __init__(self, limits: Limits = Limits()):
         self.limits = limits
-        self._lock = threading.Lock()
-        self.requests = 0
-        self.documents = 0
+        self.requests = 0  # admitted, in every kind of place
+        self.documents = 0  # of the admitted requests
+        self.small = 0  # places of the small reserve taken
         self.refused = 0
         self.admitted = 0
-        self.small = 0  # places of the small reserve taken
-        self._waiting: list[int] = []  # tickets of requests waiting for documents' room, first in line first
-        self._tickets = itertools.count()
+        self.queued_documents = 0
+        self.queued_bytes = 0
+        self._queue: collections.deque[_Waiter] = collections.deque()
 
-    def enter(self, documents: int) -> bool:
-        """Admit a request of `documents` documents, or raise OverloadedError naming the limit. Returns True
-        when it took a place of the small reserve: give that to `leave`. Its documents then wait for room
-        (`documents_room`)."""
-        with self._lock:
-            reserved = self.requests - self.small >= self.limits.max_requests
-            if reserved and (documents > SMALL_REQUEST_DOCUMENTS or self.small >= self.limits.small_reserve):
-                self.refused += 1
-                small = f', and {self.small} small ones in its reserve of {self.limits.small_reserve}'
-                raise OverloadedError(
-                    f'overloaded: {self.requests - self.small} requests in flight on this replica, its limit '
-                    f'(max_requests={self.limits.max_requests}){small if self.small else ""}; '
-                    f'retry after {self.limits.retry_after:g}s',
-                    'max_requests',
-                    self.limits.retry_after,
-                )
-            self.requests += 1
-            self.small += reserved
-            self.admitted += 1
-            return reserved
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
-    def take_documents(self, documents: int, ticket: int | None = None) -> bool:
-        """Room for an admitted request's documents now: below max_documents, or nothing else running, or a
-        small request; a request that waits holds `ticket` (its place in line) and only the first in line may
-        take room."""
-        with self._lock:
-            first = not self._waiting or self._waiting[0] == ticket
-            fits = self.documents + documents <= self.limits.max_documents or not self.documents
-            if documents <= SMALL_REQUEST_DOCUMENTS or (first and fits):
-                self.documents += documents
-                if ticket is not None and self._waiting and self._waiting[0] == ticket:
-                    self._waiting.pop(0)
-                return True
-            if ticket is None:
-                return False
-            if ticket not in self._waiting:
-                self._waiting.append(ticket)
-            return False
-
-    async def documents_room(self, documents: int, deadline: float, poll: float = 0.01) -> None:
-        """Wait, first come first served, until the request's documents fit (see take_documents); past
-        `deadline` (time.monotonic()) raise DeadlineExceededError, giving up its place in line."""
-        if self.take_documents(documents):
-            return
-        ticket = next(self._tickets)
+    async def enter(self, documents: int, nbytes: int = 0, deadline: float | None = None) -> Place:
+        """A place for a request of `documents` documents (`nbytes` content bytes): at once when one is free
+        and nothing larger waits before it, else after waiting in the queue; OverloadedError when the queue is
+        full, DeadlineExceededError when `deadline` (time.monotonic()) passes first."""
+        waiter = _Waiter(documents, nbytes)
+        place = self._take(waiter, queue_empty=not self._queue)
+        if place is not None:
+            return place
+        self._check_queue_room(waiter)
+        self._queue.append(waiter)
+        self.queued_documents += documents
+        self.queued_bytes += nbytes
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            while not self.take_documents(documents, ticket):
-                if time.monotonic() >= deadline:
-                    raise DeadlineExceededError(
-                        f'deadline exceeded waiting for room: {self.documents} documents in flight on this '
-                        f'replica and this request has {documents} (max_documents={self.limits.max_documents})'
-                    )
-                await asyncio.sleep(poll)
-        except BaseException:
-            with self._lock:
-                if ticket in self._waiting:
-                    self._waiting.remove(ticket)
+            return await asyncio.wait_for(asyncio.shield(waiter.granted), timeout)
+        except BaseException as error:
+            if waiter.granted.done() and not waiter.granted.cancelled():
+                self.leave(waiter.granted.result())  # granted as the wait ended: give the place back
+            else:
+                self._dequeue(waiter)
+                waiter.granted.cancel()
+                self._grant()  # a large request it held back may fit now
+            if isinstance(error, asyncio.TimeoutError):
+                raise DeadlineExceededError(
+                    f'deadline exceeded waiting in the queue: {self.requests} requests and {self.documents} '
+                    f'documents in flight on this replica (max_requests={self.limits.max_requests}, '
+                    f'max_documents={self.limits.max_documents}), {self.queued} waiting; this request has '
+                    f'{documents} documents'
+                ) from None
             raise
 
-    def leave(self, documents: int, reserved: bool = False, ran: bool = True) -> None:
-        """Give back a request's place (and, when its documents had room, `ran`, their room)."""
-        with self._lock:
-            self.requests -= 1
-            self.documents -= documents if ran else 0
-            self.small -= reserved
+    def leave(self, place: Place) -> None:
+        """Give back a request's place and its documents' room; the next in the queue may take them."""
+        self.requests -= 1
+        self.documents -= place.documents
+        self.small -= place.reserved
+        self._grant()
+
+    # ---- the rules ------------------------------------------------------------------------------------
+
+    def _take(self, waiter: _Waiter, queue_empty: bool) -> Place | None:
+        """Admit `waiter` now if the rules let it (see the module's docstring), or None."""
+        ordinary = self.requests - self.small < self.limits.max_requests
+        if waiter.small:
+            if ordinary or self.small < self.limits.small_reserve:
+                return self._admit(waiter.documents, reserved=not ordinary)
+            return None
+        fits = self.documents + waiter.documents <= self.limits.max_documents or not self.documents
+        if queue_empty and ordinary and fits:
+            return self._admit(waiter.documents, reserved=False)
+        return None
+
+    def _admit(self, documents: int, reserved: bool) -> Place:
+        self.requests += 1
+        self.documents += documents
+        self.small += reserved
+        self.admitted += 1
+        return Place(documents, reserved)
+
+    def _grant(self) -> None:
+        """Places to the waiters that may take them: small ones wherever they are in line, large ones in order
+        (the first large one that does not fit holds the others back)."""
+        large_ahead = False
+        for waiter in list(self._queue):
+            if waiter.granted.done():
+                continue
+            if not waiter.small and large_ahead:
+                continue
+            place = self._take(waiter, queue_empty=True)
+            if place is None:
+                large_ahead = large_ahead or not waiter.small
+                continue
+            self._dequeue(waiter)
+            waiter.granted.set_result(place)
+
+    def _dequeue(self, waiter: _Waiter) -> None:
+        if waiter in self._queue:
+            self._queue.remove(waiter)
+            self.queued_documents -= waiter.documents
+            self.queued_bytes -= waiter.nbytes
+
+    def _check_queue_room(self, waiter: _Waiter) -> None:
+        """OverloadedError naming the queue's bound that `waiter` would pass (a request alone in the queue
+        passes none but the count: whatever its size, it may wait)."""
+        limits = self.limits
+        if len(self._queue) >= limits.queued_requests:
+            exceeded = ('max_queued_requests', f'{len(self._queue)} requests waiting')
+        elif self._queue and self.queued_documents + waiter.documents > limits.queued_documents:
+            exceeded = ('max_queued_documents', f'{self.queued_documents} documents waiting')
+        elif self._queue and self.queued_bytes + waiter.nbytes > limits.queued_bytes:
+            exceeded = ('max_queued_bytes', f'{self.queued_bytes} bytes waiting')
+        else:
+            return
+        limit, waiting = exceeded
+        self.refused += 1
+        bound = {
+            'max_queued_requests': limits.queued_requests,
+            'max_queued_documents': limits.queued_documents,
+            'max_queued_bytes': limits.queued_bytes,
+        }[limit]
+        raise OverloadedError(
+            f'overloaded: {self.requests} requests in flight on this replica (max_requests={limits.max_requests}) '
+            f'and its queue is full: {waiting} ({limit}={bound}); retry after {limits.retry_after:g}s',
+            limit,
+            limits.retry_after,
+        )
 
 
 def deadline_after(seconds: float | None, maximum: float) -> float:

@@ -57,7 +57,7 @@ class CLIPExecutorBase(CLIPReplica):
     def rank(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         """Score and sort each root document's matches as clip-as-service's /rank does (see documents.py)."""
         self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches) for d in docs))
-        deadline = self._deadline(parameters)
+        deadline = self._deadline(parameters, docs)
         rank_documents(self.encoder, docs, parameters or {}, self.reuse_embeddings_default, self.logger, deadline)
         return docs
 
@@ -78,7 +78,7 @@ class CLIPEncoder(CLIPExecutorBase):
         pool = multi_vector.encode_options(self.backend, parameters, self.settings.pool_factor)  # late interaction
         selected = docs[options.access_paths]
         self.metrics.docs(self.backend.model_name, 'encode', len(selected))
-        deadline = self._deadline(parameters)
+        deadline = self._deadline(parameters, docs)
         extra = {'count_tokens': True} if options.token_counts else {}  # subclasses overriding encode_documents
         self.encode_documents(selected, options.drop_image_content, deadline=deadline, **extra)
         multi_vector.pool_pages(selected, pool)

@@ -56,7 +56,7 @@ class CLIPExecutorBase(CLIPReplica):
     def rank(self, docs: ClipQueries, parameters: Optional[dict] = None, **kwargs) -> ClipQueries:
         """Score and sort each query's matches as the v1 flavour's /rank does (documents_v2.rank_queries)."""
         self.metrics.docs(self.backend.model_name, 'rank', len(docs) + sum(len(d.matches or ()) for d in docs))
-        deadline = self._deadline(parameters)
+        deadline = self._deadline(parameters, docs)
         documents_v2.rank_queries(
             self.encoder, docs, parameters or {}, self.reuse_embeddings_default, self.logger, deadline
         )
@@ -73,7 +73,7 @@ class CLIPEncoder(CLIPExecutorBase):
     @requests
     def encode(self, docs: ClipDocs, parameters: Optional[dict] = None, **kwargs) -> ClipDocs:
         self.metrics.docs(self.backend.model_name, 'encode', len(docs))
-        deadline = self._deadline(parameters)
+        deadline = self._deadline(parameters, docs)
         documents_v2.encode_request(
             self.encoder, docs, parameters, self.access_paths, self.logger, deadline, self.settings.pool_factor
         )

@@ -25,7 +25,7 @@ from clipserve.config.settings import executor_settings
 from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS, Admission, Limits, deadline_after
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline
-from clipserve.errors import InvalidParameterError, OverloadedError
+from clipserve.errors import DeadlineExceededError, InvalidParameterError, OverloadedError
 from clipserve.inputs.uris import UriPolicy
 from clipserve.models.names import parse_model_name
 from clipserve.serving.encoding import DocumentEncoder
@@ -50,9 +50,25 @@ def thread_budget(copies: int, cores: int | None = None) -> int | None:
     return max(1, cores // max(1, copies))
 
 
-def count_documents(docs) -> int:
-    """Documents a request holds for admission: each root and each of its matches (either flavour)."""
-    return len(docs) + sum(len(getattr(d, 'matches', None) or ()) for d in docs)
+def measure_documents(docs) -> tuple[int, int]:
+    """(documents, content bytes) a request holds, for admission: each root and each of its matches (either
+    flavour); the bytes are those of its texts, blobs, URIs and tensors (what a queued request keeps in memory)."""
+    count = nbytes = 0
+    for doc in docs:
+        for d in (doc, *(getattr(doc, 'matches', None) or ())):
+            count += 1
+            nbytes += _content_bytes(d)
+    return count, nbytes
+
+
+def _content_bytes(doc) -> int:
+    tensor = getattr(doc, 'tensor', None)
+    return (
+        len(getattr(doc, 'text', None) or '')
+        + len(getattr(doc, 'blob', None) or b'')
+        + len(getattr(doc, 'uri', None) or '')
+        + int(getattr(tensor, 'nbytes', 0) or 0)
+    )
 
 
 class CLIPReplica(Executor):
@@ -96,6 +112,9 @@ class CLIPReplica(Executor):
         max_requests=None,
         max_documents=None,
         small_request_reserve=None,
+        max_queued_requests=None,
+        max_queued_documents=None,
+        max_queued_bytes=None,
         max_request_seconds=None,
         serve_default=None,
         served_models=None,
@@ -147,7 +166,14 @@ class CLIPReplica(Executor):
             self.backend.preprocess, max_pixels=settings.max_image_pixels, jpeg_draft=settings.jpeg_draft
         )
         self.admission = Admission(
-            Limits(settings.max_requests, settings.max_documents, small_reserve=settings.small_request_reserve)
+            Limits(
+                settings.max_requests,
+                settings.max_documents,
+                small_reserve=settings.small_request_reserve,
+                queued_requests=settings.max_queued_requests,
+                queued_documents=settings.max_queued_documents,
+                queued_bytes=settings.max_queued_bytes,
+            )
         )
         self.metrics = Metrics(
             getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
@@ -173,6 +199,7 @@ class CLIPReplica(Executor):
         places = settings.max_requests + settings.small_request_reserve
         self._request_threads = ThreadPoolExecutor(places + 2, thread_name_prefix='clipserve-request')
         self._threads_installed = False
+        self._deadlines: dict[int, float] = {}  # id(a request's documents) -> its deadline (see __acall__)
         allow_concurrent_requests(self)
         self.encoder = DocumentEncoder(
             self.backend, self.pipeline, self.uri_policy, self.preprocess_config, self.metrics
@@ -190,7 +217,7 @@ class CLIPReplica(Executor):
             f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}; '
             f'threads {self.threads or "OMP_NUM_THREADS"} ({copies} copies of this executor on {os.cpu_count()} cores); '
             f'limits: {settings.max_requests} requests (and {settings.small_request_reserve} small ones), '
-            f'{settings.max_documents} documents in flight'
+            f'{settings.max_documents} documents in flight; then a queue of {settings.max_queued_requests} requests'
         )
 
     def _warm_up(self) -> float:
@@ -225,7 +252,8 @@ class CLIPReplica(Executor):
         )
 
     async def __acall__(self, req_endpoint: str, **kwargs):
-        """Admit the request (or refuse it as overload, at once) and count failures by kind (for metrics).
+        """Admit the request (at once, after waiting in the queue, or refused as overload: engine/admission.py)
+        and count failures by kind (for metrics).
 
         The gateway's readiness probes and /clipserve/info are neither counted nor refused.
         """
@@ -240,24 +268,31 @@ class CLIPReplica(Executor):
         if req_endpoint in (READY_ENDPOINT, INFO_ENDPOINT):
             return await super().__acall__(req_endpoint, **kwargs)
         docs = kwargs.get('docs')
-        count = count_documents(docs) if docs is not None else 0
+        count, nbytes = measure_documents(docs) if docs is not None else (0, 0)
+        deadline = self._deadline(kwargs.get('parameters'))
         try:
-            reserved = self.admission.enter(count)
+            place = await self.admission.enter(count, nbytes, deadline)
         except OverloadedError as error:
             self.metrics.refused(self.backend.model_name, error.limit)
             raise
-        ran = False
+        except DeadlineExceededError as error:
+            self.metrics.error(self.backend.model_name, error)
+            raise
+        self._deadlines[id(docs)] = deadline  # the endpoint's deadline counts from the arrival, not the place
         try:
-            await self.admission.documents_room(count, self._deadline(kwargs.get('parameters')))
-            ran = True
             return await super().__acall__(req_endpoint, **kwargs)
         except Exception as error:
             self.metrics.error(self.backend.model_name, error)
             raise
         finally:
-            self.admission.leave(count, reserved, ran)
+            self._deadlines.pop(id(docs), None)
+            self.admission.leave(place)
 
-    def _deadline(self, parameters: dict | None) -> float:
+    def _deadline(self, parameters: dict | None, docs=None) -> float:
+        """The time.monotonic() by which the request must be done: set at its arrival (`docs`, the request's
+        documents, names it), else from its `timeout_seconds` and max_request_seconds now."""
+        if docs is not None and id(docs) in self._deadlines:
+            return self._deadlines[id(docs)]
         timeout = (parameters or {}).get('timeout_seconds')
         if timeout is not None:
             timeout = check_number('timeout_seconds', timeout)
@@ -288,12 +323,16 @@ class CLIPReplica(Executor):
             'batch_requests': self.pipeline.batches_requests,
             'requests_in_flight': self.admission.requests,
             'documents_in_flight': self.admission.documents,
+            'requests_queued': self.admission.queued,
             'refused': self.admission.refused,
             'threads': self.threads,
             'limits': {
                 'max_requests': self.settings.max_requests,
                 'max_documents': self.settings.max_documents,
                 'small_request_reserve': self.settings.small_request_reserve,
+                'max_queued_requests': self.settings.max_queued_requests,
+                'max_queued_documents': self.settings.max_queued_documents,
+                'max_queued_bytes': self.settings.max_queued_bytes,
             },
             'load_seconds': round(self.load_seconds, 3),
             'warmup_seconds': round(self.warmup_seconds, 3),
@@ -308,6 +347,7 @@ class CLIPReplica(Executor):
         which the shards share)."""
         admission = {
             'max_requests': self.settings.max_requests,
+            'max_queued_requests': self.settings.max_queued_requests,
             'small_documents': SMALL_REQUEST_DOCUMENTS,
             'retry_after': self.admission.limits.retry_after,
             'executor': type(self).__name__,

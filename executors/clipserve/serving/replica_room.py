@@ -1,12 +1,12 @@
 """The gateway's mirror of its replicas' admission: a request every replica would refuse is refused here.
 
-Under overload most large requests are refused (engine/admission.py). Refused by a replica, each one still
-crossed the gateway twice and the replica once: sent on, received and parsed there, answered with its
-documents, relayed back; work on the cores the model needs. So each replica reports its bound in its
-readiness report (endpoints.py), and the gateway counts the large requests it has sent to each executor and
-not yet had answered. When they fill every replica's places, the gateway answers the next large request
-itself with the replica's own error (OverloadedError naming max_requests): the same answer, on every
-protocol, without the executor.
+Under overload, once its queue is full, a replica refuses large requests (engine/admission.py). Refused by a
+replica, each one still crossed the gateway twice and the replica once: sent on, received and parsed there,
+answered with its documents, relayed back; work on the cores the model needs. So each replica reports its
+bound (its places and its queue) in its readiness report (endpoints.py), and the gateway counts the large
+requests it has sent to each executor and not yet had answered. When they fill every replica's places and
+queue, the gateway answers the next large request itself with an OverloadedError like the replica's: the same
+answer, on every protocol, without the executor.
 
 The mirror refuses only what the replicas would. It counts only large requests (more root documents than a
 replica's small bound; with their matches a request may be larger, never smaller) and only its own (other
@@ -30,9 +30,10 @@ from clipserve.serving.gateway_metrics import GatewayMetrics
 class Room:
     """The places an executor's answering replicas hold for large requests, together."""
 
-    places: int
+    places: int  # places and queue places, all replicas together
     replicas: int
     max_requests: int  # the smallest replica's, for the message
+    max_queued_requests: int  # the smallest replica's, for the message
     small_documents: int  # a request of at most this many documents is small on every replica
     retry_after: float
     executor: str  # the executor's class, as its own errors name it
@@ -55,6 +56,7 @@ def room_of(reports_by_address: list[list[dict]]) -> Room | None:
                     int(bound['small_documents']),
                     float(bound['retry_after']),
                     str(bound.get('executor') or ''),
+                    int(bound.get('max_queued_requests', 0)),
                 )
             )
         except (KeyError, TypeError, ValueError):
@@ -62,9 +64,10 @@ def room_of(reports_by_address: list[list[dict]]) -> Room | None:
     if not bounds:
         return None
     return Room(
-        places=sum(b[0] for b in bounds),
+        places=sum(b[0] + b[4] for b in bounds),
         replicas=len(bounds),
         max_requests=min(b[0] for b in bounds),
+        max_queued_requests=min(b[4] for b in bounds),
         small_documents=min(b[1] for b in bounds),
         retry_after=max(b[2] for b in bounds),
         executor=bounds[0][3],
@@ -101,11 +104,12 @@ class ReplicaRoom:
         held = self.held[deployment]
         if held >= room.places:
             self.refused += 1
-            self.metrics.refused('all', 'max_requests')
+            self.metrics.refused('all', 'max_queued_requests')
             return OverloadedError(
                 f'overloaded: {held} requests in flight on {deployment} ({room.replicas} replica(s)), its limit '
-                f'(max_requests={room.max_requests} per replica); retry after {room.retry_after:g}s',
-                'max_requests',
+                f'(max_requests={room.max_requests} and max_queued_requests={room.max_queued_requests} per '
+                f'replica); retry after {room.retry_after:g}s',
+                'max_queued_requests',
                 room.retry_after,
             )
         self.held[deployment] = held + 1
