@@ -3,7 +3,7 @@
 The packages are layers, each importing only the ones below it (docs/development.md):
 errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and jobs (bulk) -> __main__.
 
-`from clipserve import CLIPEncoder, CLIPRanker` defines the executors, for the DocArray flavour installed
+`from clipserve import CLIPEncoder, CLIPRanker, CLIPIndexer` defines the executors, for the DocArray flavour installed
 (serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
 serving/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
 A Flow YAML's `py_modules: [clipserve]` makes Jina import this package, and Jina finds `uses: CLIPEncoder`
@@ -24,6 +24,7 @@ os.environ.setdefault('JINA_OPTOUT_TELEMETRY', '1')
 _SERVING = {
     'CLIPEncoder': 'executors',
     'CLIPRanker': 'executors',
+    'CLIPIndexer': 'indexer',
     'ReadyGateway': 'gateway',
     'ClipServeGateway': 'gateway',
 }
@@ -33,9 +34,11 @@ def __getattr__(name: str):
     if name in _SERVING:
         from importlib import import_module
 
-        from clipserve.serving.flavour import executors_module
+        from clipserve.serving import flavour
 
-        module = executors_module() if _SERVING[name] == 'executors' else f'clipserve.serving.{_SERVING[name]}'
+        kind = _SERVING[name]
+        modules = {'executors': flavour.executors_module, 'indexer': flavour.indexer_module}
+        module = modules[kind]() if kind in modules else f'clipserve.serving.{kind}'
         return getattr(import_module(module), name)
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
@@ -45,8 +48,10 @@ if 'jina' in sys.modules:  # loaded by Jina (py_modules): register the executors
 
     if _flavour() == 'v2':  # DocArray v2: Jina's gateway models fixed for pydantic >= 2.11 before any app is built
         from clipserve.serving.executors_v2 import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+        from clipserve.serving.indexer_v2 import CLIPIndexer  # noqa: E402, F401
     else:
         from clipserve.serving.executors import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+        from clipserve.serving.indexer import CLIPIndexer  # noqa: E402, F401
     from clipserve.serving.gateway import ClipServeGateway, ReadyGateway  # noqa: E402, F401
 
-__all__ = ['CLIPEncoder', 'CLIPRanker', 'ReadyGateway', 'ClipServeGateway', '__version__']
+__all__ = ['CLIPEncoder', 'CLIPRanker', 'CLIPIndexer', 'ReadyGateway', 'ClipServeGateway', '__version__']

@@ -70,13 +70,13 @@ class InvalidDocumentError(ClipServeError, ValueError):
 
     code, http_status, grpc_status = 'invalid_document', 400, 'INVALID_ARGUMENT'
 
-    def __init__(self, failures):
+    def __init__(self, failures, done: str = 'encoded'):
         self.failures = [(str(doc_id), str(reason)) for doc_id, reason in failures]  # [(doc_id, reason)]
         shown = '; '.join(f'document {doc_id!r}: {reason}' for doc_id, reason in self.failures[:20])
         more = len(self.failures) - 20
         if more > 0:
             shown += f'; and {more} more'
-        message = f'{len(self.failures)} document(s) could not be encoded: {shown}'
+        message = f'{len(self.failures)} document(s) could not be {done}: {shown}'
         super().__init__(message, {'failures': [list(f) for f in self.failures]})
 
 
@@ -105,6 +105,13 @@ class DeadlineExceededError(ClipServeError, TimeoutError):
     retryable = True
 
 
+class VectorStoreError(ClipServeError, RuntimeError):
+    """The vector index could not be opened, read or written (an unwritable or full disk, a dead engine, a
+    dimension that does not match the index); the message carries the engine's words and what to do."""
+
+    code, http_status, grpc_status = 'index_unavailable', 503, 'UNAVAILABLE'
+
+
 KINDS = {
     kind.__name__: kind
     for kind in (
@@ -118,6 +125,7 @@ KINDS = {
         PayloadTooLargeError,
         OverloadedError,
         DeadlineExceededError,
+        VectorStoreError,
     )
 }
 

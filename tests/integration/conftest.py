@@ -127,6 +127,64 @@ def set_port(config, port):
     return config
 
 
+class FlowProcess:
+    """A Flow YAML (a dict) served by `jina flow --uses FILE` in a process group of its own, as operators run
+    it; `port` is its first gateway port. Use as a context manager: ready on entry, stopped on exit."""
+
+    def __init__(self, config: dict, folder: Path, env: dict | None = None, ready_seconds: float = 240):
+        import subprocess
+        import sys
+
+        self.config, self.folder, self.ready_seconds = config, Path(folder), ready_seconds
+        self.folder.mkdir(parents=True, exist_ok=True)
+        port = config.get('gateway', config.get('with', {})).get('port')
+        self.port = port[0] if isinstance(port, list) else port
+        path = self.folder / 'flow.yml'
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = self.folder / 'flow.log'
+        environ = {**os.environ, 'NO_VERSION_CHECK': '1', 'COLUMNS': '1000', **(env or {})}
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / 'jina'), 'flow', '--uses', str(path)],
+            cwd=self.folder,
+            env=environ,
+            stdout=open(self.log_path, 'a'),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors='replace')
+
+    def wait_ready(self) -> 'FlowProcess':
+        from jina import Client
+
+        client = Client(host='127.0.0.1', port=self.port)
+
+        def ready():
+            assert self.process.poll() is None, self.log()[-4000:]
+            return client.is_flow_ready(timeout=1)
+
+        wait_for(ready, self.ready_seconds, f'the Flow in {self.folder} to be ready')
+        return self
+
+    def kill(self) -> None:
+        """kill -9 of every process of the Flow (no shutdown of any kind)."""
+        import signal
+
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def __enter__(self) -> 'FlowProcess':
+        try:
+            return self.wait_ready()
+        except BaseException:
+            stop_process(self.process)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        stop_process(self.process)
+
+
 def stop_process(process) -> None:
     """Stop a server started with start_new_session=True: SIGINT (a clean Jina shutdown), then SIGKILL."""
     import signal

@@ -14,7 +14,6 @@ the first of these was refused after 0.1 s (`OverloadedError ... max_requests=16
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +24,8 @@ from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 
 from ..docs.blocks import read_blocks
-from .conftest import ROOT, TINY, free_port, make_image, stop_process, wait_for
+from .conftest import ROOT, TINY, FlowProcess, free_port, make_image
 
-JINA = str(Path(sys.executable).parent / 'jina')
 RUN_CLIENT = Path(__file__).parent / 'helpers' / 'clip_client_run.py'
 
 # clip-as-service 0.8.3's server/clip_server/{torch,onnx}-flow.yml, as shipped (py_modules aside)
@@ -80,35 +78,14 @@ FLOWS = {  # name: (the YAML, its environment, the embedding size)
 def served(request, tmp_path_factory):
     make, env, dim = FLOWS[request.param]
     config = make()
-    port = free_port()
-    config['with']['port'] = port
+    config['with']['port'] = free_port()
     folder = tmp_path_factory.mktemp(request.param)
-    path = folder / 'flow.yml'
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    log = open(folder / 'flow.log', 'w')
-    process = subprocess.Popen(
-        [JINA, 'flow', '--uses', str(path)],
-        cwd=folder,
-        env={**os.environ, 'NO_VERSION_CHECK': '1', 'COLUMNS': '1000', 'CLIPSERVE_CACHE': str(folder / 'cache'), **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        client = JinaClient(host='127.0.0.1', port=port)
-
-        def ready():
-            assert process.poll() is None, (folder / 'flow.log').read_text()[-3000:]
-            return client.is_flow_ready(timeout=1)
-
-        wait_for(ready, 240, f'{request.param} to be ready')
+    with FlowProcess(config, folder, {'CLIPSERVE_CACHE': str(folder / 'cache'), **env}) as flow:
         images = folder / 'images'
         images.mkdir()
         for i in range(8):
             (images / f'{i}.jpg').write_bytes(make_image(640, 480, seed=i, fmt='JPEG'))
-        yield {'name': request.param, 'port': port, 'images': images, 'dim': dim}
-    finally:
-        stop_process(process)
+        yield {'name': request.param, 'port': flow.port, 'images': images, 'dim': dim}
 
 
 def clients(served, n: int, kind: str, count: int, batch_size: int) -> list[dict]:

@@ -299,6 +299,8 @@ def convert(setting: Setting, value, source: str = 'argument'):
         return _number(setting, value, where)
     if kind == 'list':
         return _list(value, where)
+    if kind == 'columns':
+        return _columns(value, where)
     text = str(value).strip()
     if kind == 'choice' and text not in setting.choices:
         raise InvalidParameterError(f'{where} must be one of {", ".join(setting.choices)}, got {value!r}')
@@ -335,6 +337,31 @@ def _list(value, where: str) -> tuple[str, ...]:
         if str(item).strip():
             out.append(str(item).strip())
     return tuple(out)
+
+
+COLUMN_TYPES = ('str', 'int', 'float', 'bool')
+
+
+def _columns(value, where: str) -> tuple[tuple[str, str], ...]:
+    """(name, type) pairs: AnnLite's `[[name, type], ...]`, or `name:type,name:type` (environment variables)."""
+    items = [item.split(':', 1) if isinstance(item, str) else item for item in _list_or_pairs(value, where)]
+    out = []
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or str(item[1]).strip() not in COLUMN_TYPES:
+            raise InvalidParameterError(
+                f'{where}: every column is [name, type] (or name:type) with type one of {", ".join(COLUMN_TYPES)}, '
+                f'got {item!r}'
+            )
+        out.append((str(item[0]).strip(), str(item[1]).strip()))
+    return tuple(out)
+
+
+def _list_or_pairs(value, where: str) -> list:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(',') if v.strip()]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise InvalidParameterError(f'{where} must be a list of [name, type] pairs or "name:type,...", got {value!r}')
 
 
 class Settings(dict):

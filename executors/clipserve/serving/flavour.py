@@ -88,3 +88,8 @@ def require(flavour: str) -> None:
 def executors_module() -> str:
     """The module that defines CLIPEncoder and CLIPRanker for the installed flavour."""
     return 'clipserve.serving.executors' if installed() == 'v1' else 'clipserve.serving.executors_v2'
+
+
+def indexer_module() -> str:
+    """The module that defines CLIPIndexer for the installed flavour."""
+    return 'clipserve.serving.indexer' if installed() == 'v1' else 'clipserve.serving.indexer_v2'

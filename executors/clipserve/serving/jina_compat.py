@@ -10,7 +10,8 @@ Checked against jina 3.34.0 (the last release, 2025-03). Each section names its 
 - one request to one executor or head (readiness.py's probe): Jina's data request, channel and stub;
 - network errors (openai_gateway.py) and running a Flow from a file (the command line);
 - DocArray v2 and pydantic 2 (executors_v2.py, clipserve/__init__.py): Jina's gateway models with pydantic
-  >= 2.11, and the empty request / answer types of either flavour.
+  >= 2.11, and the empty request / answer types of either flavour;
+- a head merging its shards' answers (indexer.py: the shards' matches sorted and cut to the top k).
 """
 
 from __future__ import annotations
@@ -95,6 +96,38 @@ def allow_concurrent_requests(executor) -> None:
     import contextlib
 
     executor._lock = contextlib.AsyncExitStack()
+
+
+_reduce_hooks: list = []
+
+
+def install_reduce_hook(hook) -> None:
+    """Run `hook(docs, parameters)` on every answer a head merges from its shards, after Jina's own reduce;
+    a hook returning documents replaces the answer's. Jina 3.34's head merges shards' answers with
+    `WorkerRequestHandler.reduce_requests` (DocArray's reduce: matches concatenated, never sorted, never cut),
+    a static method it calls through the class: wrapped here once per process. A Flow's heads load what the
+    Flow's YAML names in `py_modules` (forked from the process that read it, or, spawned, by unpickling the
+    executor classes Jina hands every pod), so an executor module that installs a hook at import reaches them.
+    """
+    if hook in _reduce_hooks:
+        return
+    _reduce_hooks.append(hook)
+    from jina.serve.runtimes.worker.request_handling import WorkerRequestHandler
+
+    original = WorkerRequestHandler.reduce_requests
+    if getattr(original, '_clipserve_hooks', None) is _reduce_hooks:
+        return
+
+    def reduce_requests(requests):
+        response = original(requests)
+        for each in _reduce_hooks:
+            docs = each(response.docs, response.parameters)
+            if docs is not None:
+                WorkerRequestHandler.replace_docs(response, docs)
+        return response
+
+    reduce_requests._clipserve_hooks = _reduce_hooks
+    WorkerRequestHandler.reduce_requests = staticmethod(reduce_requests)
 
 
 def worker_logger(executor) -> logging.Logger | None:

@@ -54,6 +54,11 @@ class ClipMatch(ClipDoc):
     maxsim_score: Optional[float] = Field(
         default=None, description='out: late-interaction models only (ColPali, ColQwen2): MaxSim to the query'
     )
+    scores: Dict[str, float] = Field(
+        default={},
+        description="out: /search: the indexer's score by metric, as clip-as-service's matches carry it (cosine: "
+        '1 - cosine similarity; maxsim: larger is closer)',
+    )
 
 
 class ClipQuery(ClipDoc):
