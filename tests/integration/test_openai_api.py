@@ -265,7 +265,7 @@ def test_the_token_is_required_on_every_route(served):
         lambda: client(served, api_key='wrong').embeddings.create(model=TINY, input='a'), openai.AuthenticationError
     )
     assert err.status_code == 401 and err.body['code'] == 'invalid_api_key'
-    for path in ('/models', '/embeddings', '/rank', '/nothing-here'):
+    for path in ('/models', '/embeddings', '/rank', '/search', '/nothing-here'):
         reply = requests.request(
             'GET' if path == '/models' else 'POST',
             f'{served["base_url"]}{path}',
@@ -366,3 +366,9 @@ def test_concurrent_requests_share_forward_passes_and_the_metrics_count_them(ser
     executor = urllib.request.urlopen(f'http://127.0.0.1:{served["executor_metrics"]}/', timeout=10).read().decode()
     assert 'clipserve_docs_per_request_count{' in executor and 'endpoint="encode"' in executor
     assert json.dumps('invalid_document')[1:-1] in executor  # the corrupt image's error, counted by cause
+
+
+def test_search_without_an_index_is_a_404_saying_which_flow_has_one(served):
+    reply = post(served, '/search', {'query': 'a dog'})
+    assert reply.status_code == 404 and reply.json()['error']['code'] == 'no_index'
+    assert 'flows/search.yml' in reply.json()['error']['message']

@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import requests
 import yaml
 from clip_client import Client
 from docarray import Document, DocumentArray
@@ -196,3 +197,63 @@ def test_documents_without_embeddings_are_named(single):
             f.post('/index', DocumentArray([Document(id='bare-1', text='x')]))
         f.post('/index', DocumentArray([Document(id='v', embedding=np.ones(4, np.float32))]))
         assert f.post('/search', DocumentArray([Document(embedding=np.ones(4, np.float32))]))[0].matches[0].id == 'v'
+
+
+# ---- /v1/search on the HTTP port ----------------------------------------------------------------------
+
+
+def v1_search(flow, body):
+    http = flow.config['gateway']['port'][1]
+    return requests.post(f'http://127.0.0.1:{http}/v1/search', json=body, timeout=60)
+
+
+def test_v1_search_answers_ids_scores_and_payload_for_a_text_an_image_or_a_vector(single):
+    flow = single['flow']
+    answer = v1_search(flow, {'query': 'a photo of thing number 123', 'top_k': 4})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body['object'] == 'list' and body['metric'] == 'cosine' and body['usage']['prompt_tokens'] > 0
+    first = body['results'][0]
+    assert (
+        first['text'] == 'a photo of thing number 123'
+        and first['tags']['n'] == 123
+        and first['uri'].startswith('data:')
+    )
+    assert first['score'] == pytest.approx(1, abs=1e-5) and len(body['results']) == 4
+    scores = [r['score'] for r in body['results']]
+    assert scores == sorted(scores, reverse=True)
+    image = data_uri(image_only(17).blob)
+    by_image = v1_search(flow, {'query': {'image': image}, 'top_k': 1, 'return_payload': ['tags']}).json()
+    assert by_image['results'][0] == {
+        'id': by_image['results'][0]['id'],
+        'score': by_image['results'][0]['score'],
+        'tags': {'image': 17},
+    }
+    vector = Client(f'grpc://127.0.0.1:{flow.port}').encode(['a photo of thing number 5'])[0]
+    by_vector = v1_search(flow, {'vector': vector.tolist(), 'top_k': 2, 'return_payload': False}).json()
+    assert set(by_vector['results'][0]) == {'id', 'score'} and by_vector['usage']['prompt_tokens'] == 0
+    where = {'filter': {'parity': 'odd', 'n': {'$lt': 100}}, 'top_k': 30}
+    filtered = v1_search(flow, {'query': 'a photo of thing number 40', **where}).json()['results']
+    assert len(filtered) == 30 and all(r['tags']['parity'] == 'odd' and r['tags']['n'] < 100 for r in filtered)
+    qdrant = {'must': [{'key': 'tags.group', 'match': {'value': 'g2'}}]}
+    native = v1_search(flow, {'query': 'a photo of thing number 40', 'filter': qdrant, 'top_k': 5}).json()['results']
+    assert all(r['tags']['group'] == 'g2' for r in native)
+
+
+@pytest.mark.parametrize(
+    'body, param, words',
+    [
+        ({}, 'query', 'exactly one of'),
+        ({'query': 'a', 'vector': [1.0]}, 'query', 'exactly one of'),
+        ({'query': 'a', 'top_k': 0}, 'top_k', 'from 1 to 1000'),
+        ({'query': 'a', 'filter': {'n': {'$between': [1, 2]}}}, 'filter', 'unknown operator'),
+        ({'query': 'a', 'return_payload': ['embedding']}, 'return_payload', 'true, false or a list'),
+        ({'vector': [1.0, 'x']}, 'vector', 'finite numbers'),
+        ({'vector': [0.5, 0.5, 0.5]}, None, 'the query is a 3-dimensional embedding, the index holds 64'),
+    ],
+)
+def test_v1_search_bad_requests_are_400s_naming_the_field(single, body, param, words):
+    answer = v1_search(single['flow'], body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()['error']
+    assert error['param'] == param and words in error['message']

@@ -119,8 +119,13 @@ class EdgeStore(VectorStore):
     ) -> list[list[Hit]]:
         if self._shard is None or not queries:
             return [[] for _ in queries]
+        self.check_queries(queries)
         qe = _engine()
-        quantized = qe.QuantizationSearchParams(rescore=True) if self.settings.quantization != 'none' else None
+        quantized = (
+            qe.QuantizationSearchParams(rescore=True, oversampling=2.0)
+            if self.settings.quantization != 'none'
+            else None
+        )
         params = qe.SearchParams(hnsw_ef=ef or self.settings.ef_search, quantization=quantized)
         condition = edge_filter(filter_) if filter_ else None
         requests = [

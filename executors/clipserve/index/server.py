@@ -146,9 +146,14 @@ class ServerStore(VectorStore):
     ) -> list[list[Hit]]:
         if not self._exists or not queries:
             return [[] for _ in queries]
+        self.check_queries(queries)
         _, models = _client_module()
         condition = models.Filter(**filter_) if filter_ else None
-        rescore = models.QuantizationSearchParams(rescore=True) if self.settings.quantization != 'none' else None
+        rescore = (
+            models.QuantizationSearchParams(rescore=True, oversampling=2.0)
+            if self.settings.quantization != 'none'
+            else None
+        )
         params = models.SearchParams(hnsw_ef=ef or self.settings.ef_search, quantization=rescore)
         requests = [
             models.QueryRequest(

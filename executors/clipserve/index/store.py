@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clipserve.errors import VectorStoreError
+from clipserve.errors import InvalidParameterError, VectorStoreError
 from clipserve.index.points import Hit, Point
 
 #: AnnLite's metric names and what each becomes in Qdrant
@@ -96,6 +96,22 @@ class VectorStore(ABC):
 
     def close(self) -> None:
         pass
+
+    def check_queries(self, queries: list[np.ndarray]) -> None:
+        """InvalidParameterError when a query's size (or kind) is not the collection's: a query embedded by
+        another model than the one the index was built with."""
+        settings = self.settings
+        for query in queries:
+            query = np.asarray(query)
+            size, page = int(query.shape[-1]), query.ndim == 2
+            if settings.dim is not None and size != settings.dim:
+                raise InvalidParameterError(
+                    f'the query is a {size}-dimensional embedding, the index holds {settings.dim}-dimensional ones: '
+                    'search with the model the index was built with'
+                )
+            if settings.multi_vector is not None and page != settings.multi_vector:
+                wanted = 'a page of vectors' if settings.multi_vector else 'one vector'
+                raise InvalidParameterError(f'the index holds {wanted} per document; the query is not that')
 
     def check_dim(self, size: int, page: bool, dim: int | None, multi_vector: bool | None) -> None:
         """VectorStoreError when points of `size` (a page or not) cannot go into a collection of `dim`."""

@@ -26,7 +26,7 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from clipserve.errors import VectorStoreError
+from clipserve.errors import ClipServeError, InvalidDocumentError, VectorStoreError, kind_named
 from clipserve.index.store import CollectionSettings, VectorStore
 
 HEADER = struct.Struct('!Q')
@@ -87,7 +87,7 @@ class StoreProcess(VectorStore):
         kind, value, settings = self._receive()
         if kind != 'ready':
             self._stop()
-            raise VectorStoreError(value)
+            raise _error(value)
         self.settings = settings
 
     def _receive(self):
@@ -110,7 +110,7 @@ class StoreProcess(VectorStore):
             kind, value, settings = self._receive()
         self.settings = settings  # a first write decides the collection's size and kind
         if kind == 'error':
-            raise VectorStoreError(value)
+            raise _error(value)
         return value
 
     def upsert(self, points):
@@ -166,6 +166,15 @@ class StoreProcess(VectorStore):
             process.wait()
 
 
+def _error(value) -> Exception:
+    """The child's error, as its own kind where it is one of clipserve's (errors.py), else VectorStoreError."""
+    name, message = value
+    kind = kind_named(name)
+    return (
+        kind(message) if kind is not ClipServeError and kind is not InvalidDocumentError else VectorStoreError(message)
+    )
+
+
 # ---- the child ----------------------------------------------------------------------------------------
 
 
@@ -191,7 +200,7 @@ def serve(folder: str, settings: CollectionSettings, optimize_after: int, idle_s
     try:
         store = EdgeStore(folder, settings)
     except Exception as error:
-        send(outbox, ('error', str(error), settings))
+        send(outbox, ('error', (type(error).__name__, str(error)), settings))
         return
     send(outbox, ('ready', None, store.settings))
     pending = False  # written to since the last optimize
@@ -208,12 +217,12 @@ def serve(folder: str, settings: CollectionSettings, optimize_after: int, idle_s
         except EOFError:
             break
         if method not in METHODS:
-            send(outbox, ('error', f'unknown index call {method!r}', store.settings))
+            send(outbox, ('error', ('VectorStoreError', f'unknown index call {method!r}'), store.settings))
             continue
         try:
             value = getattr(store, method)(*args)
         except Exception as error:
-            send(outbox, ('error', str(error), store.settings))
+            send(outbox, ('error', (type(error).__name__, str(error)), store.settings))
             continue
         pending = pending or method in WRITES
         send(outbox, ('ok', value, store.settings))

@@ -191,6 +191,22 @@ def request_document(
     return ClipQuery(id=doc_id, matches=ClipMatches(candidates), **fields)
 
 
+def search_query(doc_id: str, text=None, uri=None, blob=None, embedding=None) -> ClipQuery:
+    """A /search query the gateway makes itself: a text, an image (URL or bytes), or a vector."""
+    if embedding is not None:
+        return ClipQuery(id=doc_id, embedding=embedding)
+    fields = {'text': text} if text is not None else {'url': uri} if uri else {'bytes_': blob}
+    return ClipQuery(id=doc_id, **fields)
+
+
+def search_hits(query) -> list[dict]:
+    """A /search answer's matches: id, the indexer's scores by name, text, URL and tags."""
+    return [
+        {'id': m.id, 'scores': dict(m.scores or {}), 'text': m.text, 'uri': m.url, 'tags': dict(m.tags or {})}
+        for m in (query.matches or ())
+    ]
+
+
 def request_documents(docs) -> ClipDocs | ClipQueries:
     docs = list(docs)
     return ClipQueries(docs) if docs and isinstance(docs[0], ClipQuery) else ClipDocs(docs)

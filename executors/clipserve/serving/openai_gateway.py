@@ -1,4 +1,4 @@
-"""The `/v1` routes' calls to the Flow: models, embeddings, rank, each one Jina request.
+"""The `/v1` routes' calls to the Flow: models, embeddings, rank, search, each one Jina request.
 
 Each request becomes one Jina request, sent through the gateway's own streamer (jina_gateway.send_request)
 to the same executors `/encode/<model>` and `/rank/<model>` reach, so dynamic batching, admission, the URI
@@ -12,15 +12,24 @@ from __future__ import annotations
 import asyncio
 import math
 
+import numpy as np
+
 from clipserve import errors
 from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, TOKEN_COUNTS_PARAMETER
 from clipserve.serving import openai_answers as answers
 from clipserve.serving import openai_api as api
 from clipserve.serving import openai_errors as v1_errors
+from clipserve.serving import search_api
 from clipserve.serving.endpoints import INFO_ENDPOINT, TOKEN_COUNT_TAG
 from clipserve.serving.jina_compat import network_error_types
 from clipserve.serving.jina_gateway import error_of, send_request
-from clipserve.serving.request_documents import match_scores, request_document, request_documents
+from clipserve.serving.request_documents import (
+    match_scores,
+    request_document,
+    request_documents,
+    search_hits,
+    search_query,
+)
 from clipserve.serving.routing import canonical
 
 PARAMETERS = {'drop_image_content': True, TOKEN_COUNTS_PARAMETER: True}
@@ -55,6 +64,7 @@ class FlowCalls:
         self.streamer = streamer
         self.logger = logger
         self._models: list[answers.ServedModel] | None = None
+        self.has_index = False  # an indexer (CLIPIndexer) answered /clipserve/info
         self._lock = asyncio.Lock()
 
     async def call(self, endpoint: str, docs, parameters: dict, params: dict[str, str]):
@@ -83,7 +93,9 @@ class FlowCalls:
         async with self._lock:
             if self._models is None:
                 response = await self.call(INFO_ENDPOINT, request_documents([request_document('info')]), {}, {})
-                found = served_models(response.parameters.get('__results__') or {})
+                results = response.parameters.get('__results__') or {}
+                found = served_models(results)
+                self.has_index = any(isinstance(v, dict) and 'indexer' in v for v in results.values())
                 if not found:
                     raise api.APIError(503, 'no clipserve encoder answered in this Flow', None, 'service_unavailable')
                 self._models = found
@@ -191,3 +203,33 @@ async def rank(flow: FlowCalls, request: api.RankRequest, field: str, timeout: f
         results.append(answers.rank_result(int(match.id.rsplit('-', 1)[1]), scores))
         tokens += token_count(match)
     return answers.rank_response(results, model.name, tokens, request.top_n)
+
+
+async def search(flow: FlowCalls, request: search_api.SearchRequest, timeout: float | None = None) -> dict:
+    """POST /v1/search: the query encoded by the Flow's default model (a vector goes as it is), searched by its
+    indexer (flows/search.yml)."""
+    model = await flow.resolve(request.model)
+    if not model.default:
+        raise api.bad_request(
+            f'/v1/search embeds the query with the model the index was built with ({(await flow.resolve(None)).name}); '
+            f"{model.name} is another of the Flow's models",
+            'model',
+        )
+    if not flow.has_index:
+        raise api.APIError(
+            404, 'this Flow has no index: serve flows/search.yml (a CLIPIndexer after the encoder)', None, 'no_index'
+        )
+    item = request.query
+    if item is None:
+        query = search_query('query', embedding=np.asarray(request.vector, dtype=np.float32))
+    else:
+        query = search_query('query', text=item.text or None, uri=item.url or None, blob=item.image or None)
+    parameters = {**parameters_for(timeout), 'limit': request.top_k, 'include_metadata': bool(request.payload)}
+    if request.filter:
+        parameters['filter'] = request.filter
+    if request.ef_search:
+        parameters['ef_search'] = request.ef_search
+    response = await flow.call('/search', request_documents([query]), parameters, {'query': 'query'})
+    [answer] = response.docs
+    tokens = token_count(answer) if item is not None else 0
+    return search_api.search_response(search_hits(answer), request.payload, model.name, tokens)

@@ -3,6 +3,7 @@
     GET  /v1/models       the Flow's models, with embedding size and modalities
     POST /v1/embeddings   OpenAI's embeddings API (texts and images), L2-normalised embeddings
     POST /v1/rank         a query against documents, scored as /rank scores them
+    POST /v1/search       a query against the Flow's index (flows/search.yml): ids, scores, payloads
     GET  /playground      a page to try a model (static/playground.html), calling the three routes above
 
 Answered in front of Jina's HTTP app on the same port, behind the same TLS, size limits, token check and
@@ -36,6 +37,7 @@ from starlette.routing import Route
 from clipserve.serving import openai_answers as answers
 from clipserve.serving import openai_api as api
 from clipserve.serving import openai_gateway as calls
+from clipserve.serving import search_api
 
 PLAYGROUND_FILE = 'playground.html'
 PLAYGROUND_PATHS = (api.PLAYGROUND_PATH, api.PLAYGROUND_PATH + '/')
@@ -181,6 +183,7 @@ class OpenAIRoutes:
             Route(api.MODELS_PATH, self.models, methods=['GET']),
             Route(api.EMBEDDINGS_PATH, self.embeddings, methods=['POST']),
             Route(api.RANK_PATH, self.rank, methods=['POST']),
+            Route(search_api.SEARCH_PATH, self.search, methods=['POST']),
         ]
         if self.page is not None:
             routes += [Route(path, self.playground, methods=['GET']) for path in PLAYGROUND_PATHS]
@@ -215,6 +218,14 @@ class OpenAIRoutes:
             return await calls.rank(self.flow, parsed, field, timeout)
 
         return await self._answer(request, 'rank', work, body=True)
+
+    async def search(self, request: Request) -> Response:
+        async def work(raw: bytes, timeout: float | None):
+            parsed = await asyncio.to_thread(self._parse, raw, search_api.parse_search_request)
+            self.metrics.items('search', [parsed.query] if parsed.query is not None else [])
+            return await calls.search(self.flow, parsed, timeout)
+
+        return await self._answer(request, 'search', work, body=True)
 
     async def playground(self, request: Request) -> Response:
         html, policy = self.page

@@ -4,7 +4,8 @@ the installed DocArray flavour (flavour.py): documents.py's for v1, documents_v2
 - `request_document(doc_id, text=, uri=, blob=, matches=)`: a text, an image by URI (fetched by the encoder under
   the operator's URI policy) or an image's bytes; with `matches`, a /rank query over those documents;
 - `request_documents(docs)`: the list a request carries;
-- `match_scores(match)`: a ranked match's scores by name (clip_score, clip_score_cosine, siglip_score).
+- `match_scores(match)`: a ranked match's scores by name (clip_score, clip_score_cosine, siglip_score);
+- `search_query(doc_id, text=, uri=, blob=, embedding=)` and `search_hits(query)`: a /search query and its matches.
 Answers are read by attribute, the same in both flavours: `id`, `text`, `embedding`, `tags`, `matches`.
 """
 
@@ -13,8 +14,14 @@ from __future__ import annotations
 from clipserve.serving.flavour import installed
 
 if installed() == 'v2':
-    from clipserve.serving.documents_v2 import match_scores, request_document, request_documents
+    from clipserve.serving.documents_v2 import (
+        match_scores,
+        request_document,
+        request_documents,
+        search_hits,
+        search_query,
+    )
 else:
-    from clipserve.serving.documents import match_scores, request_document, request_documents
+    from clipserve.serving.documents import match_scores, request_document, request_documents, search_hits, search_query
 
-__all__ = ['match_scores', 'request_document', 'request_documents']
+__all__ = ['match_scores', 'request_document', 'request_documents', 'search_hits', 'search_query']
