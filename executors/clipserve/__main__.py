@@ -1,7 +1,7 @@
 """Command line: `python -m clipserve [flow.yml]` serves a Flow; `... models` lists models;
 `... export onnx NAME OUT_DIR` exports a model to ONNX; `... ready [HOST:PORT]` exits 0 only when
 the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK); `... embed INPUT --output DIR`
-embeds a whole collection (clipserve.jobs).
+embeds a whole collection (clipserve.jobs); `... index DIR --into PATH` loads it into a search index.
 
 Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
 repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> None:
         from clipserve.jobs.cli import main as embed
 
         embed(argv[1:])
+        return
+    if argv[:1] == ['index']:
+        from clipserve.jobs.index_load import main as index
+
+        index(argv[1:])
         return
     parser = argparse.ArgumentParser(prog='python -m clipserve', description='Serve a clipserve Flow.')
     parser.add_argument('flow', nargs='?', help=f'Flow YAML path or a name in flows/ (default {DEFAULT_FLOW})')

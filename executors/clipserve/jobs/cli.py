@@ -102,6 +102,16 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument('--server', help='embed through a running clipserve Flow (its HTTP address) instead of a model')
     r.add_argument('--token', default=os.environ.get('CLIPSERVE_TOKEN'), help="the Flow's token (or CLIPSERVE_TOKEN)")
+    x = p.add_argument_group('search index')
+    x.add_argument(
+        '--index',
+        metavar='PATH|URL',
+        help='then load the embeddings into a search index: an embedded index folder (what flows/search.yml '
+        'serves as CLIPSERVE_INDEX_PATH) or a Qdrant server URL (python -m clipserve index, in one run)',
+    )
+    x.add_argument(
+        '--index-vectors', choices=('image', 'text'), help='which embeddings to index (default: images if any)'
+    )
     return p
 
 
@@ -175,7 +185,35 @@ def main(argv: list[str]) -> dict:
         if lock is not None:
             lock.release()
     _report(summary, args.json)
+    if args.index:
+        summary['index'] = _load_index(args, summary)
     return summary
+
+
+def _load_index(args, summary: dict) -> dict:
+    """`--index`: the folder just written, loaded into the search index it names (index_load.py)."""
+    from clipserve.errors import ClipServeError
+    from clipserve.jobs.index_load import LoadError, run
+
+    url = args.index if args.index.startswith(('http://', 'https://')) else None
+    vectors = args.index_vectors or ('image' if summary.get('images', 0) or args.modality != 'text' else 'text')
+    load = argparse.Namespace(
+        folder=args.output,
+        into=None if url else args.index,
+        qdrant_url=url,
+        collection='clipserve',
+        qdrant_api_key=None,
+        vectors=vectors,
+        metric='cosine',
+        quantization='none',
+        quiet=args.quiet,
+    )
+    try:
+        loaded = run(load)
+    except (LoadError, ClipServeError, OSError) as error:
+        _fail(f'the embeddings are written, but loading them into {args.index} failed: {error}')
+    print(f'clipserve embed: {loaded["count"]:,} documents in the index {loaded["index"]}', file=sys.stderr)
+    return loaded
 
 
 def _run_here(job) -> dict:
