@@ -1,7 +1,7 @@
 """CI for the DocArray v2 flavour, started by the README's test command from the main (v1) environment.
 
 docarray v1 and v2 share one import name, so the v2 tests need an environment of their own: this module
-builds `.venv-v2` once (`python3 -m venv` + `pip install -c constraints-v2.txt -e '.[onnx,docarray-v2]' pytest httpx`;
+builds `.venv-v2` once (`python3 -m venv` + `pip install -c constraints-v2.txt -e '.[onnx,docarray-v2,search]' pytest httpx`;
 rebuilt when constraints-v2.txt or pyproject.toml change, and ignored by git), exports the tiny model to ONNX
 (the v2 environment has no torch), encodes tests/v2/inputs.py with a real v1 Flow serving that export, and
 runs `pytest tests/v2` inside `.venv-v2` against those embeddings. It fails when they fail, when the
@@ -26,7 +26,7 @@ from tests.v2.inputs import EXPORT_ENV, IMAGES, REFERENCE_ENV, TEXTS, TINY
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / '.venv-v2'
 PYTHON = VENV / 'bin' / 'python'
-INSTALL = ['-c', 'constraints-v2.txt', '-e', '.[onnx,docarray-v2]', 'pytest', 'httpx']
+INSTALL = ['-c', 'constraints-v2.txt', '-e', '.[onnx,docarray-v2,search]', 'pytest', 'httpx']
 
 
 def recipe_digest() -> str:

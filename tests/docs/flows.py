@@ -63,6 +63,7 @@ FLOWS = {
     ),
     'multi-model': ('multi-model.yml', DOC_PORTS[:2], _multi_model, {}),
     'monitoring': ('monitoring.yml', (51000, *DOC_METRICS_PORTS), _monitoring, {}),
+    'search': ('search.yml', DOC_PORTS, lambda c, p: set_port(c, [p[n] for n in DOC_PORTS]), {}),
 }
 
 
@@ -79,7 +80,8 @@ class FlowPool:
             raise KeyError(f'no doc-test Flow {name!r}; known: {", ".join(FLOWS)}, tls')
         file, documented, edit, env = FLOWS[name]
         ports = {port: free_port() for port in documented}
-        env = {'CLIPSERVE_MODEL': TINY, **env}
+        # a search Flow's index in a folder of this session's (every Flow gets one; only CLIPIndexer reads it)
+        env = {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_INDEX_PATH': str(self.directory / f'{name}-index'), **env}
         flow = flow_from_yaml(file, self.directory, lambda config: edit(config, ports), env)
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)  # a gateway reads its token when it starts, in its own process

@@ -257,3 +257,49 @@ def test_v1_search_bad_requests_are_400s_naming_the_field(single, body, param, w
     assert answer.status_code == 400, answer.text
     error = answer.json()['error']
     assert error['param'] == param and words in error['message']
+
+
+# ---- pages of vectors: a late-interaction model's index ----------------------------------------------
+
+
+def test_colqwen2_pages_are_indexed_as_multi_vectors_and_searched_in_the_exact_maxsim_order(tmp_path):
+    """A tiny ColQwen2 (built here) behind flows/search.yml: pages indexed with `multi_vector: true` become
+    multi-vector points, and /search's order and scores equal MaxSim computed in NumPy on the same vectors."""
+    pytest.importorskip('transformers')
+    from clipserve.engine.ranking import maxsim
+
+    from ..late_interaction_folders import late_interaction_checkpoint
+
+    folder = late_interaction_checkpoint(tmp_path / 'colqwen2', 'colqwen2')
+    config = yaml.safe_load((ROOT / 'flows' / 'search.yml').read_text())
+    config['gateway']['port'] = [free_port() for _ in range(3)]
+    env = {
+        'CLIPSERVE_MODEL': f'transformers:{folder}',
+        'CLIPSERVE_DTYPE': 'fp32',
+        'CLIPSERVE_INDEX_PATH': str(tmp_path / 'index'),
+    }
+    pages = [make_image(60 + 7 * i, 40 + 5 * i, seed=i) for i in range(12)]
+    queries = ['revenue in 2020', 'a cat', 'the blue page']
+    multi = {'multi_vector': True}
+    with FlowProcess(config, tmp_path / 'flow', env) as flow:
+        jina = JinaClient(host='127.0.0.1', port=flow.port)
+        page_docs = DocumentArray([Document(id=f'page-{i}', blob=p) for i, p in enumerate(pages)])
+        indexed = jina.post('/index', page_docs, parameters=multi, results_in_order=True)
+        vectors = [np.asarray(d.embedding, np.float32) for d in indexed]
+        assert all(v.ndim == 2 for v in vectors)
+        (shard,) = status(flow.port)
+        assert shard['multi_vector'] is True and shard['metric'] == 'inner_product'
+        found = jina.post(
+            '/search',
+            DocumentArray([Document(text=q) for q in queries]),
+            parameters={**multi, 'limit': 5},
+            results_in_order=True,
+        )
+        query_vectors = [np.asarray(d.embedding, np.float32) for d in found]
+        exact = maxsim(query_vectors, vectors)
+        for q, answer in enumerate(found):
+            want = [f'page-{i}' for i in np.argsort(-exact[q], kind='stable')[:5]]
+            assert [m.id for m in answer.matches] == want
+            assert [m.scores['maxsim'].value for m in answer.matches] == pytest.approx(
+                sorted(exact[q], reverse=True)[:5], rel=1e-4
+            )

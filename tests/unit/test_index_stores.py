@@ -134,7 +134,7 @@ def test_the_index_process_comes_back_after_it_dies_with_every_acknowledged_poin
     try:
         store.upsert([Point(f'd{i}', v, {}) for i, v in enumerate(vectors(40))])
         os.kill(store._process.pid, signal.SIGKILL)
-        with pytest.raises(VectorStoreError, match='ended.*restarts'):
+        with pytest.raises(VectorStoreError, match='was killed by SIGKILL; the next call restarts it'):
             store.count()
         assert store.count() == 40  # restarted: the shard reopened from its write-ahead log
     finally:
@@ -170,5 +170,41 @@ def test_a_killed_owner_takes_its_index_process_with_it_and_loses_nothing_it_ack
     store = StoreProcess(tmp_path / 'index')
     try:
         assert store.count() == 25
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB filesystem of its own (tmpfs; mounting needs root, as CI and these machines have)."""
+    folder = tmp_path / 'small-disk'
+    folder.mkdir()
+    mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f'cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}')
+    yield folder
+    subprocess.run(['umount', '-l', str(folder)], check=False)
+
+
+def test_a_full_disk_is_a_clear_error_and_nothing_acknowledged_is_lost(small_disk):
+    """The engine writes through memory-mapped files: on a full disk its process dies (SIGBUS), which the
+    indexer's process survives; the error names the disk, and once there is room the index reopens with every
+    point that was acknowledged."""
+    store = StoreProcess(small_disk / 'index', optimize_after=1_000_000)
+    acknowledged = []
+    try:
+        with pytest.raises(VectorStoreError, match='disk is probably full'):
+            for batch in range(400):
+                points = [
+                    Point(f'd{batch}-{j}', vectors(1, dim=128, seed=batch * 50 + j)[0], {'text': 'x' * 300})
+                    for j in range(50)
+                ]
+                store.upsert(points)
+                acknowledged += [p.document_id for p in points]
+        assert acknowledged, 'the disk filled before the first write: make it larger'
+        subprocess.run(['mount', '-o', 'remount,size=64m', str(small_disk)], check=True)
+        assert store.count() >= len(acknowledged)  # reopened from its write-ahead log
+        found = {h.document_id for h in store.search([vectors(1, dim=128, seed=0)[0]], 1)[0]}
+        assert found == {'d0-0'}
     finally:
         store.close()

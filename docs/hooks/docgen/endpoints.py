@@ -77,6 +77,38 @@ PARAMETERS = {
         "Pool each page's vectors `factor` to one (hierarchical clustering) before they are returned; queries "
         '(texts) are never pooled, and `/rank` scores unpooled pages.',
     ),
+    'limit': (
+        '`/search` (CLIPIndexer)',
+        'int 1-10,000',
+        "the indexer's `limit` (10)",
+        "Matches per query document (clip-client's `search(..., limit=)`).",
+    ),
+    'filter': (
+        '`/search` (CLIPIndexer)',
+        'object',
+        'none',
+        'Only documents whose tags pass it: AnnLite\'s syntax (`{"tag": {"$eq": v}}`, `$ne`, `$in`, `$nin`, '
+        "`$gt`, `$gte`, `$lt`, `$lte`, `$and`, `$or`) or Qdrant's own filter ([Search](../search.md)).",
+    ),
+    'include_metadata': (
+        '`/search` (CLIPIndexer)',
+        'bool',
+        "the indexer's `include_metadata` (`true`)",
+        "Matches carry the indexed documents' text, URI and tags (else ids and scores only).",
+    ),
+    'ef_search': (
+        '`/search` (CLIPIndexer)',
+        'int >= 1',
+        "the indexer's `ef_search` (128)",
+        'HNSW candidates for this search: more is better recall and slower.',
+    ),
+    'ids': ('`/delete` (CLIPIndexer)', 'list of str', 'none', "Ids to delete besides the request's documents'."),
+    'raise_errors_on_not_found': (
+        '`/update` (CLIPIndexer)',
+        'bool',
+        '`false`',
+        'Fail the request naming the documents that are not in the index (else they are skipped).',
+    ),
 }
 # not read by the server: clip-client and clipserve_client.jina turn it into the endpoint
 CLIENT_PARAMETERS = {
@@ -122,17 +154,17 @@ def _model_routes(cls) -> list[str]:
 
 def endpoint_rows() -> list[tuple[str, str, str, str]]:
     """(executor, endpoint, handler, what it does) from Jina's table of each executor."""
-    from clipserve import CLIPEncoder, CLIPRanker
+    from clipserve import CLIPEncoder, CLIPIndexer, CLIPRanker
 
     rows = []
-    for cls in (CLIPEncoder, CLIPRanker):
+    for cls in (CLIPEncoder, CLIPRanker, CLIPIndexer):
         table_ = cls.requests_by_class.get(cls.__name__, {})
         for endpoint, handler in table_.items():
             fn = getattr(handler, 'fn', handler)
             doc = inspect.getdoc(fn) or inspect.getdoc(cls) or ''
             shown = 'every other path (`/`, `/index`, `/search`, ...)' if endpoint == '/default' else f'`{endpoint}`'
             rows.append((cls.__name__, shown, fn.__name__, doc.split('\n\n')[0].replace('\n', ' ')))
-        for route in _model_routes(cls):
+        for route in _model_routes(cls) if cls is not CLIPIndexer else ():
             rows.append(
                 (
                     cls.__name__,
@@ -163,4 +195,6 @@ def endpoints_page() -> str:
         "Client(port=51000).post('/encode', docs, parameters={'access_paths': '@r,c', 'drop_image_content': True})\n"
         '```\n',
     ]
-    return page('Endpoints and request parameters', 'requests_by_class of CLIPEncoder and CLIPRanker', *parts)
+    return page(
+        'Endpoints and request parameters', 'requests_by_class of CLIPEncoder, CLIPRanker and CLIPIndexer', *parts
+    )

@@ -94,6 +94,12 @@ def executor_rows() -> list[Row]:
     return _rows(EXECUTOR_SETTINGS)
 
 
+def indexer_rows() -> list[Row]:
+    from clipserve.config.indexer_settings import INDEXER_SETTINGS
+
+    return _rows(INDEXER_SETTINGS)
+
+
 def gateway_rows() -> list[Row]:
     """GATEWAY_SETTINGS, then every other argument of the gateways' constructors."""
     from clipserve.serving import limits
@@ -127,7 +133,7 @@ def variables_in_code() -> dict[str, set[str]]:
 def variable_rows() -> list[tuple[str, str, str]]:
     """(variable, what it sets, description) for every variable: settings' first, then the others."""
     rows = []
-    for where, settings in (('executor', executor_rows()), ('gateway', gateway_rows())):
+    for where, settings in (('executor', executor_rows()), ('indexer', indexer_rows()), ('gateway', gateway_rows())):
         for s in settings:
             if s.variable:
                 rows.append((s.variable, f'{where} setting `{s.name}`', s.description))
@@ -177,6 +183,11 @@ A wrong value fails the executor at start with a message naming the setting and 
 The deprecated argument `traversal_paths` still sets `access_paths` (with a warning).
 """
 
+INDEXER_INTRO = """Constructor arguments of `CLIPIndexer` ([Search](../search.md)), read as the executors' are (argument,
+else variable, else default). clip-as-service's AnnLite names are kept; AnnLite's other spellings (`dim`,
+`ef_query`, `index_traversal_paths`, `search_traversal_paths`) set the same settings.
+"""
+
 GATEWAY_INTRO = """Arguments of the gateways `ReadyGateway` (every shipped Flow) and `ClipServeGateway` (`flows/auth.yml`):
 `uses_with:` under the Flow's `gateway:`. The limits also read their `CLIPSERVE_*` variable, in the
 gateway's environment (the shell that runs `jina flow`).
@@ -197,8 +208,12 @@ def settings_page() -> str:
     parts = ['## Executor settings\n', EXECUTOR_INTRO]
     for section, rows in by_section.items():
         parts += [f'### {section.capitalize()}\n', _settings_table(rows)]
+    parts += ['## Indexer settings\n', INDEXER_INTRO, _settings_table(indexer_rows())]
     parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
-    source = 'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
+    source = (
+        'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.config.indexer_settings.INDEXER_SETTINGS, '
+        'clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
+    )
     return page('Settings', source, *parts)
 
 

@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -93,11 +94,9 @@ class StoreProcess(VectorStore):
     def _receive(self):
         try:
             return receive(self._process.stdout)
-        except (EOFError, OSError) as error:
+        except (EOFError, OSError):
             code = self._process.wait()
-            raise VectorStoreError(
-                f'the index process for {self.folder} ended (exit code {code}, {error}); the next call restarts it'
-            ) from None
+            raise VectorStoreError(f'the index process for {self.folder} {_ended(code, self.folder)}') from None
 
     def call(self, method: str, *args):
         with self._lock:
@@ -164,6 +163,24 @@ class StoreProcess(VectorStore):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _ended(code: int, folder: str) -> str:
+    """How the child ended, and what to do about it. The engine writes through memory-mapped files, so a full
+    disk kills it with SIGBUS rather than failing the write: say so, with the space left."""
+    how = (
+        f'was killed by {signal.Signals(-code).name}'
+        if code < 0 and -code in signal.valid_signals()
+        else f'exited ({code})'
+    )
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if code == -signal.SIGBUS or (free is not None and free < 64 * 1024 * 1024):
+        room = f'{free // (1024 * 1024)} MiB free' if free is not None else 'unknown space free'
+        return f'{how}: its disk is probably full ({room}); free space, then retry (what was acknowledged is kept)'
+    return f'{how}; the next call restarts it (what was acknowledged is kept)'
 
 
 def _error(value) -> Exception:

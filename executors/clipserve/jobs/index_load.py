@@ -57,8 +57,18 @@ def add_target_arguments(p: argparse.ArgumentParser, flag: str = '--into') -> No
     )
     t.add_argument('--qdrant-api-key', help="the Qdrant server's API key")
     t.add_argument('--vectors', default='image', choices=sorted(VECTOR_FOLDERS), help='which embeddings to index')
-    t.add_argument('--metric', default='cosine', choices=('cosine', 'euclidean', 'inner_product'))
-    t.add_argument('--quantization', default='none', choices=('none', 'int8'))
+    t.add_argument(
+        '--metric',
+        default='cosine',
+        choices=('cosine', 'euclidean', 'inner_product'),
+        help='how a new index compares vectors (default %(default)s; an existing one keeps its own)',
+    )
+    t.add_argument(
+        '--quantization',
+        default='none',
+        choices=('none', 'int8'),
+        help='int8: a new index also keeps its vectors as int8 for searching (a quarter of the memory)',
+    )
 
 
 def open_target(args) -> tuple[VectorStore, str]:

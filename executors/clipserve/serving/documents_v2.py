@@ -111,8 +111,8 @@ def encode_request(
     late-interaction model's only when asked, pages pooled by `pool_factor` (multi_vector.py)."""
     options = request_options(parameters, default_paths, logger)
     check_roots(options.access_paths)
-    pool = multi_vector.encode_options(encoder.backend, parameters, pool_factor)
     shown = views(docs)
+    pool = multi_vector.encode_options(encoder.backend, parameters, pool_factor, shown)
     encoder.encode(shown, options.drop_image_content, None, options.token_counts, deadline=deadline)
     multi_vector.pool_pages(shown, pool)
 

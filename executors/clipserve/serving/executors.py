@@ -75,8 +75,8 @@ class CLIPEncoder(CLIPExecutorBase):
     @requests
     def encode(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         options = request_options(parameters, self.access_paths, self.logger)
-        pool = multi_vector.encode_options(self.backend, parameters, self.settings.pool_factor)  # late interaction
         selected = docs[options.access_paths]
+        pool = multi_vector.encode_options(self.backend, parameters, self.settings.pool_factor, selected)
         self.metrics.docs(self.backend.model_name, 'encode', len(selected))
         deadline = self._deadline(parameters, docs)
         extra = {'count_tokens': True} if options.token_counts else {}  # subclasses overriding encode_documents

@@ -33,12 +33,15 @@ POOL_FACTOR_PARAMETER = 'pool_factor'
 MAXSIM_SCORE = 'maxsim_score'  # the score /rank writes onto each match of a multi-vector model
 
 
-def encode_options(backend, parameters: dict | None, default_pool_factor: int = 1) -> int:
+def encode_options(backend, parameters: dict | None, default_pool_factor: int = 1, docs=()) -> int:
     """Check an encode request for a multi-vector replica; the pool factor its pages get (1: none).
 
-    A replica of a single-vector model ignores both parameters (parameters reach every executor of a Flow)."""
+    A replica of a single-vector model ignores both parameters (parameters reach every executor of a Flow), and
+    so does a request with nothing to encode in `docs` (an indexer's /status, /delete or /clear, which pass
+    through the encoder's catch-all endpoint)."""
     parameters = parameters or {}
-    if not backend.multi_vector:
+    texts, images = split_texts_images(docs)
+    if not backend.multi_vector or not (texts or images):
         return 1
     if not check_bool(MULTI_VECTOR_PARAMETER, parameters.get(MULTI_VECTOR_PARAMETER, False)):
         raise InvalidParameterError(

@@ -131,7 +131,7 @@ def search_options(parameters: dict | None, settings) -> SearchOptions:
     limit = check_int('limit', parameters.get('limit', settings.limit), minimum=1)
     if limit > MAX_LIMIT:
         raise InvalidParameterError(f"parameter 'limit' must be at most {MAX_LIMIT}, got {limit}")
-    ef = parameters.get('ef_search', parameters.get('ef'))
+    ef = parameters.get('ef_search')
     paths = parameters.get('access_paths', parameters.get('traversal_paths', settings.access_paths))
     include = parameters.get('include_metadata', settings.include_metadata)
     return SearchOptions(
