@@ -9,31 +9,26 @@ executors_v2.py DocArray v2's (typed documents, schemas.py); both share all of t
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from jina import Executor, requests
+from jina import requests
 
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.torch.lean_imports import keep_triton_out
-from clipserve.config.parameters import check_number
 from clipserve.config.settings import executor_settings
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS, Admission, Limits, deadline_after
+from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline
-from clipserve.errors import DeadlineExceededError, InvalidParameterError, OverloadedError
+from clipserve.errors import InvalidParameterError
 from clipserve.inputs.uris import UriPolicy
 from clipserve.models.names import parse_model_name
+from clipserve.serving.admitted import AdmittedExecutor
 from clipserve.serving.encoding import DocumentEncoder
-from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
-from clipserve.serving.error_logs import quiet_client_errors
-from clipserve.serving.jina_compat import allow_concurrent_requests, install_grpc_server_defaults, worker_logger
-from clipserve.serving.lifecycle import DrainInstaller
-from clipserve.serving.metrics import Metrics
+from clipserve.serving.endpoints import INFO_ENDPOINT
+from clipserve.serving.jina_compat import install_grpc_server_defaults
 from clipserve.serving.routing import model_routes
 
 # ---- The replica both executors are ---------------------------------------------------------------
@@ -50,28 +45,7 @@ def thread_budget(copies: int, cores: int | None = None) -> int | None:
     return max(1, cores // max(1, copies))
 
 
-def measure_documents(docs) -> tuple[int, int]:
-    """(documents, content bytes) a request holds, for admission: each root and each of its matches (either
-    flavour); the bytes are those of its texts, blobs, URIs and tensors (what a queued request keeps in memory)."""
-    count = nbytes = 0
-    for doc in docs:
-        for d in (doc, *(getattr(doc, 'matches', None) or ())):
-            count += 1
-            nbytes += _content_bytes(d)
-    return count, nbytes
-
-
-def _content_bytes(doc) -> int:
-    tensor = getattr(doc, 'tensor', None)
-    return (
-        len(getattr(doc, 'text', None) or '')
-        + len(getattr(doc, 'blob', None) or b'')
-        + len(getattr(doc, 'uri', None) or '')
-        + int(getattr(tensor, 'nbytes', 0) or 0)
-    )
-
-
-class CLIPReplica(Executor):
+class CLIPReplica(AdmittedExecutor):
     """Loads one CLIP model on one backend; its subclasses encode and rank documents of one DocArray flavour with it.
 
     Every argument is a setting of config/settings.py (type, default, environment variable); None means
@@ -165,19 +139,9 @@ class CLIPReplica(Executor):
         self.preprocess_config = dataclasses.replace(
             self.backend.preprocess, max_pixels=settings.max_image_pixels, jpeg_draft=settings.jpeg_draft
         )
-        self.admission = Admission(
-            Limits(
-                settings.max_requests,
-                settings.max_documents,
-                small_reserve=settings.small_request_reserve,
-                queued_requests=settings.max_queued_requests,
-                queued_documents=settings.max_queued_documents,
-                queued_bytes=settings.max_queued_bytes,
-            )
-        )
-        self.metrics = Metrics(
-            getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', '')
-        )
+        self.model_label = self.backend.model_name
+        self.metrics = self.make_metrics()
+        self.admit_requests(settings)
         self.pipeline = EncodePipeline(
             self.backend,
             settings.minibatch_size,
@@ -194,24 +158,12 @@ class CLIPReplica(Executor):
             lambda: self.admission.documents,
             self.pipeline.scheduler.waiting_rows,
         )
-        # each admitted request runs on a thread of its own (see __acall__), and requests run concurrently
-        # whatever the Flow says (the pipeline is thread-safe), so they can share forward passes
-        places = settings.max_requests + settings.small_request_reserve
-        self._request_threads = ThreadPoolExecutor(places + 2, thread_name_prefix='clipserve-request')
-        self._threads_installed = False
-        self._deadlines: dict[int, float] = {}  # id(a request's documents) -> its deadline (see __acall__)
-        allow_concurrent_requests(self)
         self.encoder = DocumentEncoder(
             self.backend, self.pipeline, self.uri_policy, self.preprocess_config, self.metrics
         )
         self.served_models = list(settings.served_models) or [self.backend.model_name]
         self.load_seconds = time.perf_counter() - started
         self.warmup_seconds = self._warm_up()
-        self._draining = False
-        self._drain = None
-        if getattr(self.runtime_args, 'name', None):  # served by a Jina worker (not built directly)
-            self._drain = DrainInstaller(self, self.shutdown_grace, self._start_draining, self.logger)
-            quiet_client_errors(worker_logger(self))  # refusals: one line now and then, no traceback
         self.logger.info(
             f'ready in {self.load_seconds + self.warmup_seconds:.1f}s (load {self.load_seconds:.1f}s, '
             f'warm-up {self.warmup_seconds:.2f}s): {self.backend.describe()}; precision {self.backend.precision.reason}; '
@@ -228,15 +180,8 @@ class CLIPReplica(Executor):
         b.model_calls = b.images_encoded = b.texts_encoded = 0
         return time.perf_counter() - started
 
-    def _start_draining(self) -> None:
-        self._draining = True
-        self.logger.info(
-            f'draining: no new requests; {self.admission.requests} in flight get up to {self.shutdown_grace:g}s'
-        )
-
     def close(self) -> None:
         self.pipeline.close()
-        self._request_threads.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
         super().close()
 
@@ -250,53 +195,6 @@ class CLIPReplica(Executor):
             self.served_models,
             self.serve_default,
         )
-
-    async def __acall__(self, req_endpoint: str, **kwargs):
-        """Admit the request (at once, after waiting in the queue, or refused as overload: engine/admission.py)
-        and count failures by kind (for metrics).
-
-        The gateway's readiness probes and /clipserve/info are neither counted nor refused.
-        """
-        if self._drain is not None:
-            self._drain.install()  # before the first answer (a no-op once settled): once ready, SIGTERM drains
-        if not self._threads_installed:
-            # Jina runs each request's endpoint on the event loop's default thread pool (a handful of
-            # threads): make it this replica's pool, one thread per request it may hold, so an admitted
-            # request never queues behind others (a slow fetch would hold a thread of a small pool)
-            asyncio.get_running_loop().set_default_executor(self._request_threads)
-            self._threads_installed = True
-        if req_endpoint in (READY_ENDPOINT, INFO_ENDPOINT):
-            return await super().__acall__(req_endpoint, **kwargs)
-        docs = kwargs.get('docs')
-        count, nbytes = measure_documents(docs) if docs is not None else (0, 0)
-        deadline = self._deadline(kwargs.get('parameters'))
-        try:
-            place = await self.admission.enter(count, nbytes, deadline)
-        except OverloadedError as error:
-            self.metrics.refused(self.backend.model_name, error.limit)
-            raise
-        except DeadlineExceededError as error:
-            self.metrics.error(self.backend.model_name, error)
-            raise
-        self._deadlines[id(docs)] = deadline  # the endpoint's deadline counts from the arrival, not the place
-        try:
-            return await super().__acall__(req_endpoint, **kwargs)
-        except Exception as error:
-            self.metrics.error(self.backend.model_name, error)
-            raise
-        finally:
-            self._deadlines.pop(id(docs), None)
-            self.admission.leave(place)
-
-    def _deadline(self, parameters: dict | None, docs=None) -> float:
-        """The time.monotonic() by which the request must be done: set at its arrival (`docs`, the request's
-        documents, names it), else from its `timeout_seconds` and max_request_seconds now."""
-        if docs is not None and id(docs) in self._deadlines:
-            return self._deadlines[id(docs)]
-        timeout = (parameters or {}).get('timeout_seconds')
-        if timeout is not None:
-            timeout = check_number('timeout_seconds', timeout)
-        return deadline_after(timeout, self.settings.max_request_seconds)
 
     @requests(on=INFO_ENDPOINT)
     def info(self, **kwargs):
