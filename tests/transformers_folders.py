@@ -160,3 +160,56 @@ def remote_code_in_another_repository(
     config['auto_map'] = {key: f'{repo}--{value}' for key, value in config['auto_map'].items()}
     (folder / 'config.json').write_text(json.dumps(config))
     return folder
+
+
+def cross_encoder_checkpoint(folder: Path, kind: str = 'xlm-roberta', seed: int = 11) -> Path:
+    """A tiny reranker, as save_pretrained writes one: `XLMRobertaForSequenceClassification` (bge-reranker's
+    kind: `<s> q </s></s> d </s>`) or `BertForSequenceClassification` (ms-marco MiniLM's: `[CLS] q [SEP] d [SEP]`
+    with segment ids), one label, random weights, a tokenizer trained here with the pair template theirs have."""
+    import torch
+    import transformers as t
+    from tokenizers import Tokenizer, processors
+
+    folder.mkdir(parents=True, exist_ok=True)
+    small = {
+        'hidden_size': 32,
+        'num_hidden_layers': 2,
+        'num_attention_heads': 2,
+        'intermediate_size': 48,
+        'num_labels': 1,
+    }
+    small['initializer_range'] = 0.3  # scores that differ from pair to pair (the default 0.02 gives ~0 for all)
+    if kind == 'bert':
+        vocab = wordpiece_tokenizer(folder)
+        tokenizer = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+        cls, sep = tokenizer.token_to_id('[CLS]'), tokenizer.token_to_id('[SEP]')
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single='[CLS] $A [SEP]', pair='[CLS] $A [SEP] $B:1 [SEP]:1', special_tokens=[('[CLS]', cls), ('[SEP]', sep)]
+        )
+        tokenizer.save(str(folder / 'tokenizer.json'))
+        _tokenizer_config(
+            folder, model_max_length=64, model_input_names=['input_ids', 'token_type_ids', 'attention_mask']
+        )
+        config = t.BertConfig(vocab_size=vocab, max_position_embeddings=64, type_vocab_size=2, **small)
+        model_class = t.BertForSequenceClassification
+    else:
+        vocab = xlmr_tokenizer(folder)
+        tokenizer = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+        ids = _special_ids(folder)
+        tokenizer.post_processor = processors.RobertaProcessing(('</s>', ids['eos']), ('<s>', ids['bos']))
+        tokenizer.save(str(folder / 'tokenizer.json'))
+        _tokenizer_config(folder, model_max_length=64)
+        config = t.XLMRobertaConfig(
+            vocab_size=vocab,
+            max_position_embeddings=66,
+            type_vocab_size=1,
+            pad_token_id=ids['pad'],
+            bos_token_id=ids['bos'],
+            eos_token_id=ids['eos'],
+            **small,
+        )
+        model_class = t.XLMRobertaForSequenceClassification
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model_class(config).save_pretrained(folder)
+    return folder

@@ -3,7 +3,8 @@
 The packages are layers, each importing only the ones below it (docs/development.md):
 errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and jobs (bulk) -> __main__.
 
-`from clipserve import CLIPEncoder, CLIPRanker, CLIPIndexer` defines the executors, for the DocArray flavour installed
+`from clipserve import CLIPEncoder, CLIPRanker, CLIPIndexer, CrossEncoderRanker` defines the executors (the
+reranker in the v1 flavour), for the DocArray flavour installed
 (serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
 serving/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
 A Flow YAML's `py_modules: [clipserve]` makes Jina import this package, and Jina finds `uses: CLIPEncoder`
@@ -25,6 +26,7 @@ _SERVING = {
     'CLIPEncoder': 'executors',
     'CLIPRanker': 'executors',
     'CLIPIndexer': 'indexer',
+    'CrossEncoderRanker': 'reranker',
     'ReadyGateway': 'gateway',
     'ClipServeGateway': 'gateway',
 }
@@ -52,6 +54,15 @@ if 'jina' in sys.modules:  # loaded by Jina (py_modules): register the executors
     else:
         from clipserve.serving.executors import CLIPEncoder, CLIPRanker  # noqa: E402, F401
         from clipserve.serving.indexer import CLIPIndexer  # noqa: E402, F401
+        from clipserve.serving.reranker import CrossEncoderRanker  # noqa: E402, F401
     from clipserve.serving.gateway import ClipServeGateway, ReadyGateway  # noqa: E402, F401
 
-__all__ = ['CLIPEncoder', 'CLIPRanker', 'CLIPIndexer', 'ReadyGateway', 'ClipServeGateway', '__version__']
+__all__ = [
+    'CLIPEncoder',
+    'CLIPRanker',
+    'CLIPIndexer',
+    'CrossEncoderRanker',
+    'ReadyGateway',
+    'ClipServeGateway',
+    '__version__',
+]

@@ -60,4 +60,27 @@ def create_backend(
     raise ValueError(f'unknown backend {kind!r}; choose one of: {", ".join(BACKENDS)}')
 
 
-__all__ = ['Backend', 'BackendOptions', 'BACKENDS', 'create_backend']
+def create_cross_encoder(kind: str, spec, options, model_path: str | None = None):
+    """The reranker `kind` (backends/cross_encoder.py) for `spec` (models/cross_encoder.py); `model_path`: an
+    ONNX export (python -m clipserve export reranker), else the checkpoint is exported on first use into the cache."""
+    from clipserve.backends.cross_encoder import RERANK_BACKENDS
+    from clipserve.errors import BackendUnavailableError, InvalidParameterError
+
+    if kind == 'torch':
+        if model_path:
+            raise InvalidParameterError('model_path is for the onnx reranker; for torch, name the checkpoint')
+        from clipserve.backends.torch.cross_encoder import TorchCrossEncoder
+
+        return TorchCrossEncoder(spec, options)
+    if kind == 'onnx':
+        try:
+            from clipserve.backends.onnx.cross_encoder import OnnxCrossEncoder
+        except ImportError as error:
+            raise BackendUnavailableError(
+                f'the onnx reranker needs onnxruntime ({error}): pip install "clipserve[onnx]"'
+            ) from error
+        return OnnxCrossEncoder(spec, options, model_path)
+    raise InvalidParameterError(f'unknown reranker backend {kind!r}; choose one of: {", ".join(RERANK_BACKENDS)}')
+
+
+__all__ = ['Backend', 'BackendOptions', 'BACKENDS', 'create_backend', 'create_cross_encoder']

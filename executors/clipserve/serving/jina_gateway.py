@@ -147,7 +147,7 @@ class CappedPrefetch:
 # ---- one request through the gateway's streamer (openai_gateway.py) -------------------------------
 
 
-async def send_request(streamer, docs, endpoint: str, parameters: dict):
+async def send_request(streamer, docs, endpoint: str, parameters: dict, target: str | None = None):
     """One data request through the gateway's streamer (its connection pool and graph): the response, or
     InternalNetworkError when no executor answered. Cancelling the caller cancels the request to the
     executors: Jina 3.34's `streamer.stream` runs each request in a task of its own that outlives its
@@ -162,6 +162,8 @@ async def send_request(streamer, docs, endpoint: str, parameters: dict):
     request.data.docs = docs
     request.header.exec_endpoint = endpoint
     request.parameters = parameters
+    if target:  # a regular expression of the executors that take it; the others pass it by
+        request.header.target_executor = target
     inner = streamer._streamer  # RequestStreamer, built with the gateway's request and result handlers
     answer, floating = inner._request_handler(request=request, return_type=answer_documents_type())
     try:

@@ -32,7 +32,9 @@ EMBEDDINGS_PATH = '/v1/embeddings'
 RANK_PATH = '/v1/rank'
 PLAYGROUND_PATH = '/playground'
 SEARCH_PATH = '/v1/search'
+RERANK_PATHS = ('/v1/rerank', '/rerank', '/v2/rerank')  # Cohere's, Jina's, Infinity's, TEI's and vLLM's
 ROUTES = {MODELS_PATH: 'GET', EMBEDDINGS_PATH: 'POST', RANK_PATH: 'POST', SEARCH_PATH: 'POST'}
+ROUTES.update({path: 'POST' for path in RERANK_PATHS})
 ENCODING_FORMATS = ('float', 'base64')
 MODALITIES = ('text', 'image')
 TEXT, IMAGE = 'text', 'image'
@@ -63,7 +65,8 @@ class APIError(Exception):
 
 
 def is_api_path(path: str | None) -> bool:
-    return bool(path) and (path == '/v1' or path.startswith('/v1/'))
+    """The gateway's own JSON API: /v1/*, and the rerank paths clients call outside /v1."""
+    return bool(path) and (path == '/v1' or path.startswith('/v1/') or path in RERANK_PATHS)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = 'invalid_value') -> APIError:

@@ -1,4 +1,5 @@
-"""The `/v1` routes' calls to the Flow: models, embeddings, rank, search, each one Jina request.
+"""The `/v1` routes' calls to the Flow: models, embeddings, rank, each one Jina request (search: search_calls.py,
+rerank: rerank_calls.py).
 
 Each request becomes one Jina request, sent through the gateway's own streamer (jina_gateway.send_request)
 to the same executors `/encode/<model>` and `/rank/<model>` reach, so dynamic batching, admission, the URI
@@ -12,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import math
 
-import numpy as np
-
 from clipserve import errors
 from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, TOKEN_COUNTS_PARAMETER
 from clipserve.serving import openai_answers as answers
 from clipserve.serving import openai_api as api
 from clipserve.serving import openai_errors as v1_errors
-from clipserve.serving import search_api
 from clipserve.serving.endpoints import INFO_ENDPOINT, TOKEN_COUNT_TAG
 from clipserve.serving.jina_compat import network_error_types
 from clipserve.serving.jina_gateway import error_of, send_request
@@ -27,8 +25,6 @@ from clipserve.serving.request_documents import (
     match_scores,
     request_document,
     request_documents,
-    search_hits,
-    search_query,
 )
 from clipserve.serving.routing import canonical
 
@@ -65,13 +61,15 @@ class FlowCalls:
         self.logger = logger
         self._models: list[answers.ServedModel] | None = None
         self.has_index = False  # an indexer (CLIPIndexer) answered /clipserve/info
+        self.rerankers: dict[str, str] = {}  # a reranker's model -> its executor's name (CrossEncoderRanker)
         self._lock = asyncio.Lock()
 
-    async def call(self, endpoint: str, docs, parameters: dict, params: dict[str, str]):
+    async def call(self, endpoint: str, docs, parameters: dict, params: dict[str, str], target: str | None = None):
         """The response to one Jina request; executor errors become APIErrors (`params`: doc id -> its
-        name in the API request, for per-document errors). Cancelling it cancels the executors' work."""
+        name in the API request, for per-document errors). Cancelling it cancels the executors' work.
+        `target`: only the executors whose names it matches (a regular expression) take the request."""
         try:
-            response = await send_request(self.streamer, docs, endpoint, parameters)
+            response = await send_request(self.streamer, docs, endpoint, parameters, target)
         except network_error_types() as error:
             code = error.code().name if error.code() else ''
             self.logger.warning(f'{endpoint}: the executors did not answer: {code} {error.details()}')
@@ -96,7 +94,8 @@ class FlowCalls:
                 results = response.parameters.get('__results__') or {}
                 found = served_models(results)
                 self.has_index = any(isinstance(v, dict) and 'indexer' in v for v in results.values())
-                if not found:
+                self.rerankers = served_rerankers(results)
+                if not found and not self.rerankers:
                     raise api.APIError(503, 'no clipserve encoder answered in this Flow', None, 'service_unavailable')
                 self._models = found
             return self._models
@@ -107,6 +106,16 @@ class FlowCalls:
         if model is None:
             raise v1_errors.unknown_model(requested, [m.name for m in models])
         return model
+
+
+def served_rerankers(results: dict) -> dict[str, str]:
+    """The rerankers in `/clipserve/info` answers: model -> the executor's (deployment's) name, which Jina's
+    results are keyed by (`name/rep-0`, `name/shard-0/rep-0`)."""
+    found = {}
+    for key, info in results.items():
+        if isinstance(info, dict) and isinstance(info.get('reranker'), dict):
+            found.setdefault(str(info['reranker']['model']), str(key).split('/')[0])
+    return found
 
 
 def served_models(results: dict) -> list[answers.ServedModel]:
@@ -203,33 +212,3 @@ async def rank(flow: FlowCalls, request: api.RankRequest, field: str, timeout: f
         results.append(answers.rank_result(int(match.id.rsplit('-', 1)[1]), scores))
         tokens += token_count(match)
     return answers.rank_response(results, model.name, tokens, request.top_n)
-
-
-async def search(flow: FlowCalls, request: search_api.SearchRequest, timeout: float | None = None) -> dict:
-    """POST /v1/search: the query encoded by the Flow's default model (a vector goes as it is), searched by its
-    indexer (flows/search.yml)."""
-    model = await flow.resolve(request.model)
-    if not model.default:
-        raise api.bad_request(
-            f'/v1/search embeds the query with the model the index was built with ({(await flow.resolve(None)).name}); '
-            f"{model.name} is another of the Flow's models",
-            'model',
-        )
-    if not flow.has_index:
-        raise api.APIError(
-            404, 'this Flow has no index: serve flows/search.yml (a CLIPIndexer after the encoder)', None, 'no_index'
-        )
-    item = request.query
-    if item is None:
-        query = search_query('query', embedding=np.asarray(request.vector, dtype=np.float32))
-    else:
-        query = search_query('query', text=item.text or None, uri=item.url or None, blob=item.image or None)
-    parameters = {**parameters_for(timeout), 'limit': request.top_k, 'include_metadata': bool(request.payload)}
-    if request.filter:
-        parameters['filter'] = request.filter
-    if request.ef_search:
-        parameters['ef_search'] = request.ef_search
-    response = await flow.call('/search', request_documents([query]), parameters, {'query': 'query'})
-    [answer] = response.docs
-    tokens = token_count(answer) if item is not None else 0
-    return search_api.search_response(search_hits(answer), request.payload, model.name, tokens)

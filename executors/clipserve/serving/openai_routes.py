@@ -4,6 +4,7 @@
     POST /v1/embeddings   OpenAI's embeddings API (texts and images), L2-normalised embeddings
     POST /v1/rank         a query against documents, scored as /rank scores them
     POST /v1/search       a query against the Flow's index (flows/search.yml): ids, scores, payloads
+    POST /v1/rerank, /rerank, /v2/rerank   Cohere's, Jina's and TEI's rerank APIs, on the Flow's cross-encoder
     GET  /playground      a page to try a model (static/playground.html), calling the three routes above
 
 Answered in front of Jina's HTTP app on the same port, behind the same TLS, size limits, token check and
@@ -37,7 +38,7 @@ from starlette.routing import Route
 from clipserve.serving import openai_answers as answers
 from clipserve.serving import openai_api as api
 from clipserve.serving import openai_gateway as calls
-from clipserve.serving import search_api
+from clipserve.serving import rerank_api, rerank_calls, search_api, search_calls
 
 PLAYGROUND_FILE = 'playground.html'
 PLAYGROUND_PATHS = (api.PLAYGROUND_PATH, api.PLAYGROUND_PATH + '/')
@@ -184,6 +185,7 @@ class OpenAIRoutes:
             Route(api.EMBEDDINGS_PATH, self.embeddings, methods=['POST']),
             Route(api.RANK_PATH, self.rank, methods=['POST']),
             Route(search_api.SEARCH_PATH, self.search, methods=['POST']),
+            *(Route(path, self.rerank, methods=['POST']) for path in rerank_api.RERANK_PATHS),
         ]
         if self.page is not None:
             routes += [Route(path, self.playground, methods=['GET']) for path in PLAYGROUND_PATHS]
@@ -223,9 +225,17 @@ class OpenAIRoutes:
         async def work(raw: bytes, timeout: float | None):
             parsed = await asyncio.to_thread(self._parse, raw, search_api.parse_search_request)
             self.metrics.items('search', [parsed.query] if parsed.query is not None else [])
-            return await calls.search(self.flow, parsed, timeout)
+            return await search_calls.search(self.flow, parsed, timeout)
 
         return await self._answer(request, 'search', work, body=True)
+
+    async def rerank(self, request: Request) -> Response:
+        async def work(raw: bytes, timeout: float | None):
+            body = api.parse_body(raw, self.max_inputs)
+            parsed = await asyncio.to_thread(rerank_api.parse_rerank_request, body, self.max_inputs)
+            return await rerank_calls.rerank(self.flow, parsed, timeout)
+
+        return await self._answer(request, 'rerank', work, body=True)
 
     async def playground(self, request: Request) -> Response:
         html, policy = self.page

@@ -3,12 +3,15 @@
     {"query": "a dog on a beach", "top_k": 10, "filter": {"kind": {"$eq": "photo"}}, "return_payload": true}
     {"query": {"image": "data:image/png;base64,..."}}     or any item form /v1/embeddings takes
     {"vector": [0.01, -0.2, ...]}                          a vector instead of a query: no encoding
+    {"query": "...", "top_k": 100, "rerank": {"top_n": 10, "model": ...}}   retrieve 100, rerank their captions
 
 -> {"object": "list", "model": ..., "metric": "cosine", "results": [{"id", "score", "text"?, "uri"?, "tags"?}],
     "usage": {...}}, best first. `score` is a similarity, larger is closer: cosine similarity, dot product or
 MaxSim (a euclidean index answers the negated distance). `filter` is clip-as-service's (AnnLite's) syntax or
 Qdrant's own (index/filters.py); `return_payload` is true (text, uri, tags), false (ids and scores) or a list
-of those fields; `ef_search` trades speed for recall. No Jina here: openai_gateway.py makes the call.
+of those fields; `ef_search` trades speed for recall; `rerank` (`true` or `{"model", "top_n"}`) reranks the
+candidates' captions with the Flow's cross-encoder (flows/search-rerank.yml), each reranked result then carries
+its `rerank_score`. No Jina here: search_calls.py makes the calls.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ DEFAULT_TOP_K = 10
 
 
 @dataclass(frozen=True)
+class Rerank:
+    model: str | None = None  # None: the Flow's reranker
+    top_n: int | None = None  # None: every candidate
+
+
+@dataclass(frozen=True)
 class SearchRequest:
     query: Item | None  # None: `vector` is the query
     vector: list[float] | None
@@ -36,6 +45,7 @@ class SearchRequest:
     payload: tuple[str, ...]
     model: str | None
     ef_search: int | None = None
+    rerank: Rerank | None = None
 
 
 def parse_search_request(
@@ -62,7 +72,22 @@ def parse_search_request(
         payload=_payload(body.get('return_payload', True)),
         model=_model(body),
         ef_search=None if body.get('ef_search') is None else _count(body['ef_search'], 'ef_search', 100_000),
+        rerank=_rerank(body.get('rerank')),
     )
+
+
+def _rerank(value) -> Rerank | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Rerank()
+    if not isinstance(value, dict) or set(value) - {'model', 'top_n'}:
+        raise bad_request('\'rerank\' must be true or {"model": ..., "top_n": ...}', 'rerank')
+    model = value.get('model')
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise bad_request(f"'rerank.model' must be a reranker's name, got {model!r}", 'rerank.model')
+    top_n = value.get('top_n')
+    return Rerank(model=model, top_n=None if top_n is None else _count(top_n, 'rerank.top_n', MAX_TOP_K))
 
 
 def _vector(value, max_dim: int) -> list[float]:
@@ -116,6 +141,8 @@ def search_response(hits: list[dict], payload: tuple[str, ...], model: str, prom
     for hit in hits:
         metric, score = similarity(hit['scores'])
         row = {'id': hit['id'], 'score': score if math.isfinite(score) else 0.0}
+        if 'rerank_score' in hit:
+            row['rerank_score'] = hit['rerank_score']
         for field in payload:
             if hit.get(field):
                 row[field] = hit[field]

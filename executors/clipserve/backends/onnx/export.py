@@ -73,7 +73,9 @@ def _parameter_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
-def _export(module, args, path: Path, input_names, output_name, dynamic_axes, opset: int, external_data: bool) -> None:
+def export_graph(
+    module, args, path: Path, input_names, output_name, dynamic_axes, opset: int, external_data: bool
+) -> None:
     """torch.export-based ONNX export (the TorchScript exporter bakes attention's shapes into constants)."""
     shapes = {
         name: {
@@ -140,7 +142,7 @@ def export_onnx(
     seq = {0: 'batch', 1: 'sequence'} if text.trimmed else {0: 'batch'}
     try:
         with torch.no_grad(), _without_runtime_checks():
-            _export(
+            export_graph(
                 image,
                 (pixels,),
                 out / VISUAL_FILE,
@@ -150,7 +152,7 @@ def export_onnx(
                 opset,
                 external_data,
             )
-            _export(
+            export_graph(
                 text,
                 (ids, mask),
                 out / TEXTUAL_FILE,
