@@ -77,6 +77,30 @@ PARAMETERS = {
         "Pool each page's vectors `factor` to one (hierarchical clustering) before they are returned; queries "
         '(texts) are never pooled, and `/rank` scores unpooled pages.',
     ),
+    'top_n': (
+        '`/rerank` (CrossEncoderRanker)',
+        'int >= 1',
+        'every match',
+        'Keep the best n matches of each query after scoring.',
+    ),
+    'max_length': (
+        '`/rerank` (CrossEncoderRanker)',
+        'int >= 4',
+        "the reranker's `max_length`, else the model's",
+        'Tokens of a (query, match) pair, special tokens included; longer pairs are cut (or refused, `truncate`).',
+    ),
+    'truncation_direction': (
+        '`/rerank` (CrossEncoderRanker)',
+        '`right`, `left`',
+        '`right`',
+        'Which end of a pair too long is cut (longest of query and match first, as transformers does).',
+    ),
+    'truncate': (
+        '`/rerank` (CrossEncoderRanker)',
+        'bool',
+        '`true`',
+        'false: a pair longer than max_length fails the request, naming the match, instead of being cut.',
+    ),
     'limit': (
         '`/search` (CLIPIndexer)',
         'int 1-10,000',
@@ -154,17 +178,17 @@ def _model_routes(cls) -> list[str]:
 
 def endpoint_rows() -> list[tuple[str, str, str, str]]:
     """(executor, endpoint, handler, what it does) from Jina's table of each executor."""
-    from clipserve import CLIPEncoder, CLIPIndexer, CLIPRanker
+    from clipserve import CLIPEncoder, CLIPIndexer, CLIPRanker, CrossEncoderRanker
 
     rows = []
-    for cls in (CLIPEncoder, CLIPRanker, CLIPIndexer):
+    for cls in (CLIPEncoder, CLIPRanker, CLIPIndexer, CrossEncoderRanker):
         table_ = cls.requests_by_class.get(cls.__name__, {})
         for endpoint, handler in table_.items():
             fn = getattr(handler, 'fn', handler)
             doc = inspect.getdoc(fn) or inspect.getdoc(cls) or ''
             shown = 'every other path (`/`, `/index`, `/search`, ...)' if endpoint == '/default' else f'`{endpoint}`'
             rows.append((cls.__name__, shown, fn.__name__, doc.split('\n\n')[0].replace('\n', ' ')))
-        for route in _model_routes(cls) if cls is not CLIPIndexer else ():
+        for route in _model_routes(cls) if cls in (CLIPEncoder, CLIPRanker) else ():
             rows.append(
                 (
                     cls.__name__,

@@ -100,6 +100,12 @@ def indexer_rows() -> list[Row]:
     return _rows(INDEXER_SETTINGS)
 
 
+def reranker_rows() -> list[Row]:
+    from clipserve.config.reranker_settings import RERANKER_SETTINGS
+
+    return [r for r in _rows(RERANKER_SETTINGS) if r.section == 'reranker']
+
+
 def gateway_rows() -> list[Row]:
     """GATEWAY_SETTINGS, then every other argument of the gateways' constructors."""
     from clipserve.serving import limits
@@ -133,7 +139,13 @@ def variables_in_code() -> dict[str, set[str]]:
 def variable_rows() -> list[tuple[str, str, str]]:
     """(variable, what it sets, description) for every variable: settings' first, then the others."""
     rows = []
-    for where, settings in (('executor', executor_rows()), ('indexer', indexer_rows()), ('gateway', gateway_rows())):
+    sources = (
+        ('executor', executor_rows()),
+        ('indexer', indexer_rows()),
+        ('reranker', reranker_rows()),
+        ('gateway', gateway_rows()),
+    )
+    for where, settings in sources:
         for s in settings:
             if s.variable:
                 rows.append((s.variable, f'{where} setting `{s.name}`', s.description))
@@ -188,6 +200,12 @@ else variable, else default). clip-as-service's AnnLite names are kept; AnnLite'
 `ef_query`, `index_traversal_paths`, `search_traversal_paths`) set the same settings.
 """
 
+RERANKER_INTRO = """Constructor arguments of `CrossEncoderRanker` ([Rerank](../rerank.md)), read as the executors' are
+(argument, else variable, else default). The model's settings have variables of their own (`CLIPSERVE_RERANK_*`),
+so a Flow with an encoder and a reranker sets each apart; the limits (`max_requests`, the queue, ...) and
+`shutdown_grace` are the executor settings above, with the same variables.
+"""
+
 GATEWAY_INTRO = """Arguments of the gateways `ReadyGateway` (every shipped Flow) and `ClipServeGateway` (`flows/auth.yml`):
 `uses_with:` under the Flow's `gateway:`. The limits also read their `CLIPSERVE_*` variable, in the
 gateway's environment (the shell that runs `jina flow`).
@@ -209,10 +227,11 @@ def settings_page() -> str:
     for section, rows in by_section.items():
         parts += [f'### {section.capitalize()}\n', _settings_table(rows)]
     parts += ['## Indexer settings\n', INDEXER_INTRO, _settings_table(indexer_rows())]
+    parts += ['## Reranker settings\n', RERANKER_INTRO, _settings_table(reranker_rows())]
     parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
     source = (
         'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.config.indexer_settings.INDEXER_SETTINGS, '
-        'clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
+        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
     )
     return page('Settings', source, *parts)
 

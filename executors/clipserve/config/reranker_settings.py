@@ -1,7 +1,7 @@
 """Every setting of the cross-encoder reranker (CrossEncoderRanker), once: name, type, default, variable.
 
 Read as the encoders' settings are (settings.py). The model's settings have variables of their own
-(`CLIPSERVE_RERANK_*`), so a Flow with an encoder and a reranker configures each from the environment; the
+(`CLIPSERVE_RERANK_MODEL`, `CLIPSERVE_RERANK_BACKEND`, ...), so a Flow with an encoder and a reranker sets each apart; the
 limits and the drain are every replica's (`CLIPSERVE_MAX_REQUESTS`, ...), shared with the encoders'.
 """
 
@@ -11,10 +11,11 @@ from clipserve.config.settings import EXECUTOR_SETTINGS, Setting, read_settings
 
 RERANK_BACKENDS = ('torch', 'onnx')
 DIRECTIONS = ('right', 'left')
+PREFIX = 'CLIPSERVE_'  # a setting's variable: PREFIX + RERANK_<NAME>
 
 
 def _s(name, kind, default, description, **extra) -> Setting:
-    env = extra.pop('env', f'CLIPSERVE_RERANK_{name.upper()}')
+    env = extra.pop('env', f'{PREFIX}RERANK_{name.upper()}')
     return Setting(name, kind, default, description, env=env, section=extra.pop('section', 'reranker'), **extra)
 
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from jina import Executor
-
 from clipserve.config.parameters import check_number
 from clipserve.engine.admission import Admission, Limits, deadline_after
 from clipserve.errors import DeadlineExceededError, OverloadedError
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
 from clipserve.serving.error_logs import quiet_client_errors
+from clipserve.serving.jina_api import Executor
 from clipserve.serving.jina_compat import allow_concurrent_requests, worker_logger
 from clipserve.serving.lifecycle import DrainInstaller
 from clipserve.serving.metrics import Metrics

@@ -140,6 +140,21 @@ def request_documents(docs) -> DocumentArray:
     return DocumentArray(docs)
 
 
+def document(doc_id: str, **fields) -> Document:
+    """A v1 Document (for the executors that write documents of their own: the indexer's matches, /status)."""
+    return Document(id=doc_id, **fields)
+
+
+def documents(docs) -> DocumentArray:
+    return DocumentArray(docs)
+
+
+def set_score(doc, name: str, value: float, op_name: str) -> None:
+    """`doc.scores[name] = value`. op_name keeps the score on the wire when its value is 0 (an exact match):
+    docarray 0.21 drops a score whose protobuf message is empty, and protobuf drops zero values."""
+    doc.scores[name] = NamedScore(value=value, op_name=op_name)
+
+
 def search_query(doc_id: str, text=None, uri=None, blob=None, embedding=None) -> Document:
     """A /search query the gateway makes itself: a text, an image (URI or bytes), or a vector (the encoder
     passes a document with nothing but an embedding untouched)."""

@@ -10,21 +10,18 @@ the encoder's answers. clip-client's `index()` and `search()` work unchanged.
 
 from __future__ import annotations
 
-from docarray import Document, DocumentArray
-from docarray.score import NamedScore
-from jina import requests
-
 from clipserve.config.parameters import check_access_paths
 from clipserve.serving import search as common
-from clipserve.serving.documents import ready_report
+from clipserve.serving.documents import document, documents, ready_report, set_score
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
+from clipserve.serving.jina_api import requests
 from clipserve.serving.jina_compat import install_reduce_hook
 
 
 class CLIPIndexer(common.IndexerBase):
     """Stores documents' embeddings with their ids, texts, URIs and tags, and finds the nearest for queries."""
 
-    def _selected(self, docs: DocumentArray, parameters: dict | None) -> DocumentArray:
+    def _selected(self, docs, parameters: dict | None):
         paths = (parameters or {}).get(
             'access_paths', (parameters or {}).get('traversal_paths', self.settings.access_paths)
         )
@@ -39,12 +36,12 @@ class CLIPIndexer(common.IndexerBase):
         return {'indexer': self.status_tags()}
 
     @requests(on='/index')
-    def index(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+    def index(self, docs, parameters: dict | None = None, **kwargs):
         selected = self._selected(docs, parameters)
         self.store.upsert(common.points_of(selected, self.settings.max_stored_uri_bytes))
 
     @requests(on='/update')
-    def update(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+    def update(self, docs, parameters: dict | None = None, **kwargs):
         selected = self._selected(docs, parameters)
         found = self.store.update(common.points_of(selected, self.settings.max_stored_uri_bytes))
         error = common.missing_error(parameters, [str(d.id) for d in selected], found)
@@ -52,11 +49,11 @@ class CLIPIndexer(common.IndexerBase):
             raise error
 
     @requests(on='/delete')
-    def delete(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+    def delete(self, docs, parameters: dict | None = None, **kwargs):
         self.store.delete(common.delete_ids(self._selected(docs, parameters), parameters))
 
     @requests(on='/search')
-    def search(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
+    def search(self, docs, parameters: dict | None = None, **kwargs):
         options = common.search_options(parameters, self.settings)
         queries = docs[options.access_paths]
         if not len(queries):
@@ -68,22 +65,21 @@ class CLIPIndexer(common.IndexerBase):
             matches = []
             for hit in found:
                 payload = hit.payload if options.include_metadata else {}
-                match = Document(
-                    id=hit.document_id,
+                match = document(
+                    hit.document_id,
                     text=payload.get('text') or None,
                     uri=payload.get('uri') or None,
                     mime_type=payload.get('mime_type') or None,
                     tags=payload.get('tags') or {},
                 )
-                # op_name keeps the score on the wire when its value is 0 (an exact match: protobuf drops zeros)
-                match.scores[name] = NamedScore(value=common.match_score(collection, hit.score), op_name=name)
+                set_score(match, name, common.match_score(collection, hit.score), name)
                 matches.append(match)
-            query.matches = DocumentArray(matches)
+            query.matches = documents(matches)
         return common.search_result(collection, options)
 
     @requests(on='/status')
     def status(self, **kwargs):
-        return DocumentArray([Document(id=f'{common.STATUS_ID}{self.shard_id}', tags=self.status_tags())])
+        return documents([document(f'{common.STATUS_ID}{self.shard_id}', tags=self.status_tags())])
 
     @requests(on='/clear')
     def clear(self, **kwargs):
@@ -103,7 +99,7 @@ def score_of(match, name: str):
 
 
 def set_matches(query, matches) -> None:
-    query.matches = DocumentArray(matches)
+    query.matches = documents(matches)
 
 
 def merge_shards(docs, parameters: dict):

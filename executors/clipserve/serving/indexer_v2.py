@@ -7,14 +7,12 @@ annotations are real types (Jina builds each endpoint's schema from them): no po
 
 from typing import Optional
 
-from docarray import DocList
-from jina import requests
-
 from clipserve.serving import documents_v2
 from clipserve.serving import search as common
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT
+from clipserve.serving.jina_api import requests
 from clipserve.serving.jina_compat import install_pydantic_compat, install_reduce_hook
-from clipserve.serving.schemas import ClipDocs, ClipMatch, ClipQueries, ReadyReport, ReadyReports
+from clipserve.serving.schemas import ClipDocs, ClipMatch, ClipMatches, ClipQueries, ReadyReport, ReadyReports
 
 install_pydantic_compat()
 
@@ -74,12 +72,12 @@ class CLIPIndexer(common.IndexerBase):
                         scores={name: common.match_score(collection, hit.score)},
                     )
                 )
-            query.matches = DocList[ClipMatch](matches)
+            query.matches = ClipMatches(matches)
         return docs
 
     @requests(on='/status')
     def status(self, docs: ClipDocs, **kwargs) -> ReadyReports:
-        return DocList[ReadyReport]([ReadyReport(id=f'{common.STATUS_ID}{self.shard_id}', tags=self.status_tags())])
+        return ReadyReports([ReadyReport(id=f'{common.STATUS_ID}{self.shard_id}', tags=self.status_tags())])
 
     @requests(on='/clear')
     def clear(self, docs: ClipDocs, **kwargs) -> ClipDocs:
@@ -104,7 +102,7 @@ def merge_shards(docs, parameters: dict):
     limit = int((parameters or {}).get('limit') or 10)
     result = {'score': name, 'limit': limit, 'descending': name == 'maxsim'}
     common.merge_matches(
-        scored, result, lambda m, n: m.scores.get(n), lambda q, ms: setattr(q, 'matches', DocList[ClipMatch](ms))
+        scored, result, lambda m, n: m.scores.get(n), lambda q, ms: setattr(q, 'matches', ClipMatches(ms))
     )
     return docs
 

@@ -14,8 +14,6 @@ import os
 import sys
 import time
 
-from jina import requests
-
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.torch.lean_imports import keep_triton_out
 from clipserve.config.settings import executor_settings
@@ -28,6 +26,7 @@ from clipserve.models.names import parse_model_name
 from clipserve.serving.admitted import AdmittedExecutor
 from clipserve.serving.encoding import DocumentEncoder
 from clipserve.serving.endpoints import INFO_ENDPOINT
+from clipserve.serving.jina_api import requests
 from clipserve.serving.jina_compat import install_grpc_server_defaults
 from clipserve.serving.routing import model_routes
 

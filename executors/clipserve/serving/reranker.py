@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import time
 
-from docarray.score import NamedScore
-from jina import requests
-
 from clipserve.backends import create_cross_encoder
 from clipserve.backends.cross_encoder import RerankOptions
 from clipserve.config.parameters import check_bool, check_int
@@ -25,8 +22,9 @@ from clipserve.engine.rerank import RerankPipeline
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
 from clipserve.models.cross_encoder import resolve_cross_encoder
 from clipserve.serving.admitted import AdmittedExecutor
-from clipserve.serving.documents import ready_report
+from clipserve.serving.documents import ready_report, set_score
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT, TOKEN_COUNT_TAG
+from clipserve.serving.jina_api import requests
 
 RERANK_ENDPOINT = '/rerank'
 JINA_ARGUMENTS = ('metas', 'requests', 'runtime_args', 'workspace', 'dynamic_batching')
@@ -127,8 +125,8 @@ class CrossEncoderRanker(AdmittedExecutor):
                 names=[m.id for m in matches],
             )
             for match, raw, relevance in zip(matches, scores.raw, scores.relevance):
-                match.scores['relevance_score'] = NamedScore(value=float(relevance), op_name='sigmoid')
-                match.scores['raw_score'] = NamedScore(value=float(raw), op_name='logit')
+                set_score(match, 'relevance_score', float(relevance), 'sigmoid')
+                set_score(match, 'raw_score', float(raw), 'logit')
             ordered = sorted(range(len(matches)), key=lambda i: -float(scores.raw[i]))
             query.matches = [matches[i] for i in ordered[: options['top_n']]]
             query.tags[TOKEN_COUNT_TAG] = scores.tokens

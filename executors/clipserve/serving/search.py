@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from jina import Executor
 
 from clipserve.config.indexer_settings import indexer_settings
 from clipserve.config.parameters import check_access_paths, check_bool, check_int
@@ -29,6 +28,7 @@ from clipserve.index.points import Point
 from clipserve.index.server import ServerStore
 from clipserve.index.store import CollectionSettings, VectorStore
 from clipserve.index.worker import StoreProcess
+from clipserve.serving.jina_api import Executor
 
 #: the indexer's returned parameters (`__results__`) on /search: what a head needs to merge shards exactly
 SEARCH_RESULT = 'clipserve_search'
