@@ -4,6 +4,8 @@
     with Client('http://127.0.0.1:51001') as client:
         vectors = client.encode(['a photo of a dog', Path('dog.jpg')])   # float32 [2, D], L2-normalised
         scores = client.rank('a dog', [Path('dog.jpg'), Path('car.jpg')])
+        found = client.search('a dog on a beach', top_k=5)               # flows/search.yml
+        best = client.rerank('capital of France?', ['Paris is...', 'Berlin is...'])   # flows/rerank.yml
 
 `AsyncClient` has the same calls, awaitable. No jina, docarray, grpc, pydantic or torch: it installs next to
 FastAPI, LangChain or any pydantic-2 application. The Jina-protocol client (gRPC, WebSocket, DocumentArray
@@ -27,7 +29,7 @@ from clipserve_client.errors import (
     RequestTooLargeError,
     UnexpectedAnswerError,
 )
-from clipserve_client.wire import Model
+from clipserve_client.wire import Found, Model, Reranked
 
 __all__ = [
     'APIConnectionError',
@@ -37,6 +39,8 @@ __all__ = [
     'AuthenticationError',
     'BadRequestError',
     'Client',
+    'Found',
+    'Reranked',
     'ClipServeClientError',
     'FetchError',
     'InternalServerError',

@@ -21,11 +21,18 @@ from clipserve_client.wire import (
     EMBEDDINGS,
     MODELS,
     RANK,
+    RERANK,
+    SEARCH,
+    Found,
     Model,
+    Reranked,
     embeddings_body,
     read_embeddings,
+    read_found,
     read_models,
+    read_reranked,
     read_scores,
+    rerank_body,
 )
 
 
@@ -83,6 +90,16 @@ class AsyncClient(ClientBase):
         """Client.rank, awaitable."""
         body, count = await asyncio.to_thread(self._rank_body, query, documents, model, score)
         return read_scores(await self._request('POST', RANK, body), count, score)
+
+    async def rerank(self, query: str, documents, *, model=None, top_n=None, max_length=None) -> list[Reranked]:
+        """Client.rerank, awaitable."""
+        body = rerank_body(query, documents, model, top_n, max_length)
+        return read_reranked(await self._request('POST', RERANK, body), len(documents))
+
+    async def search(self, query=None, *, vector=None, top_k=10, filter=None, rerank=None, model=None) -> list[Found]:
+        """Client.search, awaitable."""
+        body = await asyncio.to_thread(self._search_body, query, vector, top_k, filter, rerank, model)
+        return read_found(await self._request('POST', SEARCH, body))
 
     async def models(self) -> list[Model]:
         """Client.models, awaitable."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from clipserve_client.connection import DEFAULT_SERVER, Settings
 from clipserve_client.inputs import to_item
-from clipserve_client.wire import SCORES, rank_body
+from clipserve_client.wire import SCORES, rank_body, search_body
 
 
 class ClientBase:
@@ -77,6 +77,11 @@ class ClientBase:
         if size < 1:
             raise ValueError(f'batch_size must be >= 1, got {size}')
         return size
+
+    def _search_body(self, query, vector, top_k: int, filter, rerank, model) -> dict:
+        """The /v1/search body; a query is read as `encode` reads an input (a text, a path, bytes, an image)."""
+        item = None if query is None else to_item(query, 'query', self._settings.loader)
+        return search_body(item, vector, top_k, filter, rerank, self._model(model))
 
     def _rank_body(self, query, documents, model: str | None, score: str) -> tuple[dict, int]:
         """The /v1/rank body (read on the caller's thread: a few items, no batching) and the document count."""

@@ -17,11 +17,18 @@ from clipserve_client.wire import (
     EMBEDDINGS,
     MODELS,
     RANK,
+    RERANK,
+    SEARCH,
+    Found,
     Model,
+    Reranked,
     embeddings_body,
     read_embeddings,
+    read_found,
     read_models,
+    read_reranked,
     read_scores,
+    rerank_body,
 )
 
 
@@ -70,6 +77,38 @@ class Client(ClientBase):
         """
         body, count = self._rank_body(query, documents, model, score)
         return read_scores(self._request('POST', RANK, body), count, score)
+
+    def rerank(
+        self,
+        query: str,
+        documents,
+        *,
+        model: str | None = None,
+        top_n: int | None = None,
+        max_length: int | None = None,
+    ) -> list[Reranked]:
+        """Rerank texts against a text query with the server's cross-encoder (/v1/rerank): results best first,
+        each with its position in `documents` and its relevance score (per pair: it does not depend on the other
+        documents). `model`: the reranker, when the server has several."""
+        return read_reranked(
+            self._request('POST', RERANK, rerank_body(query, documents, model, top_n, max_length)), len(documents)
+        )
+
+    def search(
+        self,
+        query=None,
+        *,
+        vector=None,
+        top_k: int = 10,
+        filter: dict | None = None,
+        rerank=None,
+        model: str | None = None,
+    ) -> list[Found]:
+        """Search the server's index (/v1/search, flows/search.yml) with a text or an image (any input `encode`
+        takes), or a vector; best first. `filter`: clip-as-service's filter syntax or Qdrant's; `rerank`: True or
+        {"top_n": n} to rerank the candidates' captions with the server's reranker."""
+        body = self._search_body(query, vector, top_k, filter, rerank, model)
+        return read_found(self._request('POST', SEARCH, body))
 
     def models(self) -> list[Model]:
         """The models the server serves, the default one first."""

@@ -110,3 +110,93 @@ def read_models(answer: dict) -> list[Model]:
         ]
     except (KeyError, TypeError, ValueError) as err:
         raise UnexpectedAnswerError(f'{MODELS} answered a model without {err}: is this a clipserve gateway?') from None
+
+
+# ---- search and rerank ------------------------------------------------------------------------------
+
+SEARCH, RERANK = '/v1/search', '/v1/rerank'
+
+
+@dataclass(frozen=True)
+class Reranked:
+    """One document of a rerank answer: its position in the request, and the reranker's score (0-1)."""
+
+    index: int
+    relevance_score: float
+
+
+def rerank_body(query: str, documents: list[str], model: str | None, top_n: int | None, max_length: int | None) -> dict:
+    if (
+        not isinstance(query, str)
+        or isinstance(documents, (str, bytes))
+        or not all(isinstance(d, str) for d in documents)
+    ):
+        raise TypeError('rerank() takes a text query and a list of texts')
+    if not documents:
+        raise ValueError('rerank() needs at least one document')
+    body = {'query': query, 'documents': list(documents)}
+    for name, value in (('model', model), ('top_n', top_n), ('max_length', max_length)):
+        if value is not None:
+            body[name] = value
+    return body
+
+
+def read_reranked(answer: dict, count: int) -> list[Reranked]:
+    """The answer's results, best first, checked against the documents sent."""
+    results = answer.get('results')
+    if not isinstance(results, list) or len(results) > count:
+        raise UnexpectedAnswerError(f'{RERANK} answered {len(results) if isinstance(results, list) else "no"} results')
+    out = []
+    for result in results:
+        index = result.get('index') if isinstance(result, dict) else None
+        if not isinstance(index, int) or not 0 <= index < count:
+            raise UnexpectedAnswerError(f'{RERANK} answered a result with a bad index: {index!r}')
+        out.append(Reranked(index, float(result['relevance_score'])))
+    return out
+
+
+@dataclass(frozen=True)
+class Found:
+    """One search result: the document's id, its similarity to the query (larger is closer), what was stored
+    with it, and its reranker score when the search reranked."""
+
+    id: str
+    score: float
+    text: str | None = None
+    uri: str | None = None
+    tags: dict | None = None
+    rerank_score: float | None = None
+
+
+def search_body(query: dict | None, vector, top_k: int, filter: dict | None, rerank, model: str | None) -> dict:
+    if (query is None) == (vector is None):
+        raise ValueError('search() takes a query (a text or an image) or a vector, not both')
+    body = {'top_k': int(top_k)}
+    if query is not None:
+        body['query'] = query
+    else:
+        body['vector'] = [float(v) for v in np.asarray(vector, dtype=np.float64).ravel()]
+    if filter:
+        body['filter'] = filter
+    if rerank:
+        body['rerank'] = rerank if isinstance(rerank, dict) else True
+    if model:
+        body['model'] = model
+    return body
+
+
+def read_found(answer: dict) -> list[Found]:
+    results = answer.get('results')
+    if not isinstance(results, list):
+        raise UnexpectedAnswerError(f'{SEARCH} answered no results list')
+    return [
+        Found(
+            id=str(r['id']),
+            score=float(r['score']),
+            text=r.get('text'),
+            uri=r.get('uri'),
+            tags=r.get('tags'),
+            rerank_score=r.get('rerank_score'),
+        )
+        for r in results
+    ]

@@ -1,7 +1,8 @@
 """Command line: `python -m clipserve [flow.yml]` serves a Flow; `... models` lists models;
-`... export onnx NAME OUT_DIR` exports a model to ONNX; `... ready [HOST:PORT]` exits 0 only when
-the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK); `... embed INPUT --output DIR`
-embeds a whole collection (clipserve.jobs); `... index DIR --into PATH` loads it into a search index.
+`... export onnx NAME OUT_DIR` exports a model to ONNX (`export reranker` a cross-encoder); `... ready
+[HOST:PORT]` exits 0 only when the Flow behind that gRPC gateway is ready (the container's HEALTHCHECK);
+`... embed INPUT --output DIR` embeds a whole collection (clipserve.jobs); `... index DIR --into PATH` loads it
+into a search index.
 
 Like clip-as-service's `python -m clip_server`, a bare file name is also looked up in the
 repository's `flows/` folder, and `-i` reads the Flow YAML from standard input.
@@ -126,6 +127,26 @@ def export(argv: list[str]) -> None:
     print(f'wrote {args.out_dir}: {metadata.model}, {metadata.embed_dim}-d, opset {metadata.opset}')
 
 
+def export_reranker(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog='python -m clipserve export reranker',
+        description='Export a cross-encoder reranker to ONNX (reranker.onnx + its tokenizer files), checked against PyTorch.',
+    )
+    parser.add_argument('name', help='the checkpoint: a hub id or a folder (a *ForSequenceClassification model)')
+    parser.add_argument('out_dir', help='directory to write (serve it with backend onnx and model_path)')
+    parser.add_argument('--opset', type=int, default=18, help='ONNX opset of the export (default 18)')
+    args = parser.parse_args(argv)
+    from clipserve.backends.onnx.cross_encoder import export_cross_encoder
+    from clipserve.errors import ClipServeError
+    from clipserve.models.cross_encoder import resolve_cross_encoder
+
+    try:
+        diff = export_cross_encoder(resolve_cross_encoder(args.name), Path(args.out_dir), args.opset)
+    except ClipServeError as error:
+        raise SystemExit(f'clipserve export reranker: {error}') from None
+    print(f'wrote {args.out_dir}: max |onnxruntime - torch| = {diff:.2e}')
+
+
 def ready(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog='python -m clipserve ready', description='Exit 0 when every executor copy of the Flow is ready, else 1.'
@@ -160,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         return list_models(argv[1:])
     if argv[:2] == ['export', 'onnx']:
         return export(argv[2:])
+    if argv[:2] == ['export', 'reranker']:
+        return export_reranker(argv[2:])
     if argv[:1] == ['ready']:
         return ready(argv[1:])
     if argv[:1] == ['embed']:

@@ -211,3 +211,50 @@ def test_the_cohere_sdk_and_langchains_cohere_reranker_get_the_scores(served, ch
     assert [i for i, _ in out['sdk']] == list(best[:3])
     assert [s for _, s in out['sdk']] == pytest.approx(list(want[best[:3]]), abs=1e-5)
     assert [text for text, _ in out['langchain']] == [DOCUMENTS[i] for i in best[:2]]
+
+
+# ---- retrieve, then rerank, in one call ----------------------------------------------------------------
+
+
+def test_v1_search_reranks_its_candidates_captions_in_one_call(checkpoint, tmp_path):
+    """flows/search-rerank.yml: /v1/search retrieves top_k by CLIP, then the reranker orders their captions
+    (transformers' scores) and keeps top_n; a search without `rerank` keeps the CLIP order."""
+    from clip_client import Client
+
+    from .conftest import TINY
+
+    config = yaml.safe_load((ROOT / 'flows' / 'search-rerank.yml').read_text())
+    config['gateway']['port'] = ports = [free_port() for _ in range(3)]
+    env = {
+        'CLIPSERVE_MODEL': TINY,
+        'CLIPSERVE_RERANK_MODEL': str(checkpoint),
+        'CLIPSERVE_INDEX_PATH': str(tmp_path / 'index'),
+    }
+    captions = [f'{d} (caption {i})' for i, d in enumerate(DOCUMENTS * 4)]
+    with FlowProcess(config, tmp_path / 'flow', env):
+        from docarray import Document
+
+        Client(f'grpc://127.0.0.1:{ports[0]}').index([Document(text=c, tags={'i': i}) for i, c in enumerate(captions)])
+        url = f'http://127.0.0.1:{ports[1]}/v1/search'
+        plain = requests.post(url, json={'query': QUERY, 'top_k': 12}, timeout=60).json()['results']
+        assert 'rerank_score' not in plain[0]
+        body = {'query': QUERY, 'top_k': 12, 'rerank': {'top_n': 5}}
+        answer = requests.post(url, json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        reranked = answer.json()['results']
+        texts = [r['text'] for r in plain]
+        want = dict(zip(texts, sigmoid(transformers_scores(checkpoint, QUERY, texts))))
+        assert [r['text'] for r in reranked] == sorted(texts, key=lambda t: -want[t])[:5]
+        assert [r['rerank_score'] for r in reranked] == pytest.approx([want[r['text']] for r in reranked], abs=1e-5)
+        refused = requests.post(url, json={'vector': [0.1] * 64, 'rerank': True}, timeout=60)
+        assert refused.status_code == 400 and refused.json()['error']['param'] == 'rerank'
+
+
+def test_the_light_client_reranks(served, checkpoint):
+    from clipserve_client import Client
+
+    with Client(served['url']) as client:
+        results = client.rerank(QUERY, DOCUMENTS, top_n=3)
+    want = sigmoid(transformers_scores(checkpoint, QUERY, DOCUMENTS))
+    assert [r.index for r in results] == list(np.argsort(-want)[:3])
+    assert [r.relevance_score for r in results] == pytest.approx(list(np.sort(want)[::-1][:3]), abs=1e-5)

@@ -303,3 +303,16 @@ def test_colqwen2_pages_are_indexed_as_multi_vectors_and_searched_in_the_exact_m
             assert [m.scores['maxsim'].value for m in answer.matches] == pytest.approx(
                 sorted(exact[q], reverse=True)[:5], rel=1e-4
             )
+
+
+def test_the_light_client_searches_with_a_text_an_image_or_a_vector(single):
+    from clipserve_client import Client
+
+    http = single['flow'].config['gateway']['port'][1]
+    with Client(f'http://127.0.0.1:{http}') as client:
+        by_text = client.search('a photo of thing number 42', top_k=3, filter={'parity': 'even'})
+        assert by_text[0].text == 'a photo of thing number 42' and all(f.tags['parity'] == 'even' for f in by_text)
+        by_image = client.search(image_only(5).blob, top_k=1)
+        assert by_image[0].tags == {'image': 5}
+        vector = client.encode(['a photo of thing number 9'])[0]
+        assert client.search(vector=vector, top_k=1)[0].text == 'a photo of thing number 9'
