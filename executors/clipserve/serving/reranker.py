@@ -12,15 +12,17 @@ flows/search-rerank.yml); the gateway's `/v1/rerank`, `/rerank` and `/v2/rerank`
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from clipserve.backends import create_cross_encoder
 from clipserve.backends.cross_encoder import RerankOptions
+from clipserve.backends.rerank_check import check_rerank_int8, enforce_rerank_int8
 from clipserve.config.parameters import check_bool, check_int
 from clipserve.config.reranker_settings import DIRECTIONS, reranker_settings
 from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.rerank import RerankPipeline
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
-from clipserve.models.cross_encoder import resolve_cross_encoder
+from clipserve.models.cross_encoder import PairTokenizer, resolve_cross_encoder
 from clipserve.serving.admitted import AdmittedExecutor
 from clipserve.serving.documents import ready_report, set_score
 from clipserve.serving.endpoints import INFO_ENDPOINT, READY_ENDPOINT, TOKEN_COUNT_TAG
@@ -60,6 +62,7 @@ class CrossEncoderRanker(AdmittedExecutor):
         spec = resolve_cross_encoder(settings.name)
         options = RerankOptions(device=settings.device or 'cpu', dtype=settings.dtype, num_threads=settings.threads)
         self.encoder = create_cross_encoder(settings.backend, spec, options, settings.model_path)
+        self.precision = self._check_precision(spec, options)
         self.model_label = settings.name
         self.metrics = self.make_metrics()
         self.admit_requests(settings)
@@ -73,6 +76,21 @@ class CrossEncoderRanker(AdmittedExecutor):
         self.encoder.model_calls = 0
         self.load_seconds = time.perf_counter() - started
         self.logger.info(f'ready in {self.load_seconds:.1f}s: reranker {self.encoder.describe()}')
+
+    def _check_precision(self, spec, options) -> str:
+        """int8 is measured against fp32 on this CPU before it serves (backends/rerank_check.py)."""
+        if self.encoder.dtype != 'int8':
+            return self.encoder.dtype
+        reference = create_cross_encoder(
+            self.settings.backend, spec, replace(options, dtype='fp32'), self.settings.model_path
+        )
+        try:
+            report = check_rerank_int8(PairTokenizer(self.encoder.spec), self.encoder, reference)
+        finally:
+            reference.close()
+        line = enforce_rerank_int8(report)
+        self.logger.info(line)
+        return line
 
     @requests(on=READY_ENDPOINT)
     def ready(self, **kwargs):
@@ -95,6 +113,7 @@ class CrossEncoderRanker(AdmittedExecutor):
                 'backend': self.encoder.name,
                 'device': self.encoder.device,
                 'dtype': self.encoder.dtype,
+                'precision': self.precision,
                 'max_length': self.settings.max_length or self.encoder.spec.max_length,
                 'model_calls': self.encoder.model_calls,
                 'requests_in_flight': self.admission.requests,

@@ -1,0 +1,75 @@
+"""A reranker's int8 is served only after it is measured against fp32 on the CPU it runs on, as the encoders'
+is (int8_check.py): the same generated (query, document) pairs through both; int8 is refused at start, with the
+figures, when a relevance score drifts past MAX_SCORE_DIFF or a query's best three documents change order.
+CLIPSERVE_INT8_FORCE=1 serves it anyway (logged). The pairs are synthetic: the check catches broken
+arithmetic, not the accuracy a trained model loses on real data."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from clipserve.backends.cpu_features import cpu_features
+from clipserve.backends.int8_check import CAPTIONS, FORCE_ENV
+from clipserve.errors import BackendUnavailableError
+
+MAX_SCORE_DIFF = 0.02  # on relevance scores (0-1)
+QUERIES = ('a dog playing in the snow', 'what is a neural network?', 'city lights at night')
+
+
+@dataclass(frozen=True)
+class RerankInt8Report:
+    max_score_diff: float
+    top3_kept: bool
+    speedup: float
+    cpu: str
+
+    @property
+    def failures(self) -> list[str]:
+        found = []
+        if self.max_score_diff > MAX_SCORE_DIFF:
+            found.append(
+                f'relevance scores drift from fp32 (max difference {self.max_score_diff:.4f} > {MAX_SCORE_DIFF})'
+            )
+        if not self.top3_kept:
+            found.append("a query's best three documents change order")
+        return found
+
+    def describe(self) -> str:
+        return (
+            f'int8 against fp32 on this CPU ({self.cpu}): max relevance difference {self.max_score_diff:.4f}, '
+            f'best three {"kept" if self.top3_kept else "changed"}, {self.speedup:.2f}x fp32'
+        )
+
+
+def check_rerank_int8(tokenizer, int8, fp32) -> RerankInt8Report:
+    """int8 and fp32 rerankers (CrossEncoder) of one checkpoint on QUERIES x CAPTIONS, through `tokenizer`."""
+    diffs, kept, times = [], True, {'int8': 0.0, 'fp32': 0.0}
+    for query in QUERIES:
+        pairs = tokenizer(query, list(CAPTIONS))
+        arrays = pairs.rows(slice(None))
+        scores = {}
+        for name, model in (('fp32', fp32), ('int8', int8)):
+            model.score(*arrays)  # warm
+            started = time.perf_counter()
+            scores[name] = 1 / (1 + np.exp(-model.score(*arrays).astype(np.float64)))
+            times[name] += time.perf_counter() - started
+        diffs.append(float(np.abs(scores['int8'] - scores['fp32']).max()))
+        kept = kept and list(np.argsort(-scores['int8'])[:3]) == list(np.argsort(-scores['fp32'])[:3])
+    return RerankInt8Report(max(diffs), kept, times['fp32'] / max(times['int8'], 1e-9), cpu_features().describe())
+
+
+def enforce_rerank_int8(report: RerankInt8Report, environ=None) -> str:
+    environ = os.environ if environ is None else environ
+    failures = report.failures
+    if not failures:
+        return report.describe()
+    if str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on'):
+        return f'{report.describe()}; SERVED ANYWAY ({FORCE_ENV}=1): {"; ".join(failures)}'
+    raise BackendUnavailableError(
+        f'dtype int8 for this reranker is refused on this CPU: {"; ".join(failures)}. Measured: {report.describe()}. '
+        f'Serve fp32, or set {FORCE_ENV}=1 to serve int8 anyway.'
+    )

@@ -1,0 +1,119 @@
+"""Cross-encoder rerankers without a Flow: pairs tokenized exactly as transformers' tokenizer pairs them (both
+model kinds, both truncation sides), scores equal to transformers' model on torch and onnx, the same pair scoring
+the same whatever shares its batch, int8 measured against fp32 before it serves, and checkpoints that are not
+one-label rerankers refused by name. Tiny random-weights checkpoints built here (tests/transformers_folders.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clipserve.backends import create_cross_encoder
+from clipserve.backends.cross_encoder import RerankOptions
+from clipserve.engine.rerank import RerankPipeline
+from clipserve.errors import BackendUnavailableError, InvalidDocumentError, UnknownModelError
+from clipserve.models.cross_encoder import PairTokenizer, resolve_cross_encoder
+
+from ..transformers_folders import cross_encoder_checkpoint
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+QUERY = 'which city is the capital of france?'
+DOCUMENTS = ['paris', 'the capital of france is paris, a city on the seine ' * 4, 'a cat', 'berlin is in germany']
+
+
+@pytest.fixture(scope='module', params=['xlm-roberta', 'bert'])
+def checkpoint(request, tmp_path_factory):
+    return cross_encoder_checkpoint(tmp_path_factory.mktemp(request.param) / 'reranker', request.param)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path_factory.getbasetemp() / 'cache'))
+
+
+def reference(folder, documents, max_length=None, side='right'):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.truncation_side = side
+    inputs = tokenizer(
+        [QUERY] * len(documents),
+        documents,
+        truncation=True,
+        padding=True,
+        max_length=max_length or 64,
+        return_tensors='np',
+    )
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits[:, 0].numpy()
+    return inputs, logits
+
+
+@pytest.mark.parametrize('max_length, side', [(None, 'right'), (12, 'right'), (12, 'left')])
+def test_pairs_are_transformers_own(checkpoint, max_length, side):
+    pairs = PairTokenizer(resolve_cross_encoder(str(checkpoint)))(QUERY, DOCUMENTS, max_length, side)
+    want, _ = reference(checkpoint, DOCUMENTS, max_length, side)
+    assert np.array_equal(pairs.input_ids, want['input_ids']) and np.array_equal(
+        pairs.attention_mask, want['attention_mask']
+    )
+    if 'token_type_ids' in want:
+        assert np.array_equal(pairs.token_type_ids, want['token_type_ids'])
+    assert list(pairs.truncated) == [
+        bool(n) for n in (want['attention_mask'].sum(1) >= (max_length or 64)) & pairs.truncated
+    ]
+
+
+@pytest.mark.parametrize('backend', ['torch', 'onnx'])
+def test_scores_equal_transformers_and_do_not_depend_on_the_batch(checkpoint, backend):
+    encoder = create_cross_encoder(backend, resolve_cross_encoder(str(checkpoint)), RerankOptions())
+    pipeline = RerankPipeline(encoder, minibatch_size=3)
+    try:
+        _, want = reference(checkpoint, DOCUMENTS)
+        scores = pipeline.score(QUERY, DOCUMENTS)
+        assert scores.raw == pytest.approx(want, abs=1e-5)
+        assert scores.relevance == pytest.approx(1 / (1 + np.exp(-want)), abs=1e-5)
+        alone = [pipeline.score(QUERY, [d]).raw[0] for d in DOCUMENTS]
+        assert alone == pytest.approx(scores.raw, abs=1e-5)
+        assert scores.truncated == 1 and scores.tokens > 0
+        with pytest.raises(InvalidDocumentError, match=r"document 'd1': with the query it is longer than 16 tokens"):
+            pipeline.score(QUERY, DOCUMENTS, max_length=16, truncate=False, names=['d0', 'd1', 'd2', 'd3'])
+    finally:
+        pipeline.close()
+
+
+def test_int8_is_measured_against_fp32_before_it_serves(checkpoint, monkeypatch):
+    """The tiny random model's int8 drifts far past the bound: refused with the figures, served when forced."""
+    from clipserve.serving.reranker import CrossEncoderRanker
+
+    monkeypatch.delenv('CLIPSERVE_INT8_FORCE', raising=False)
+    with pytest.raises(
+        BackendUnavailableError, match=r'dtype int8 for this reranker is refused.*max relevance difference'
+    ):
+        CrossEncoderRanker(name=str(checkpoint), backend='onnx', dtype='int8')
+    monkeypatch.setenv('CLIPSERVE_INT8_FORCE', '1')
+    ranker = CrossEncoderRanker(name=str(checkpoint), backend='onnx', dtype='int8')
+    try:
+        assert 'SERVED ANYWAY' in ranker.precision and ranker.encoder.dtype == 'int8'
+    finally:
+        ranker.close()
+
+
+def test_checkpoints_that_are_not_one_label_rerankers_are_refused_by_name(checkpoint, tmp_path):
+    import shutil
+
+    for edit, words in (
+        (lambda c: c.update(num_labels=3, id2label={'0': 'a', '1': 'b', '2': 'c'}), 'classifies into 3 labels'),
+        (lambda c: c.update(architectures=['XLMRobertaModel']), 'is not a cross-encoder'),
+    ):
+        folder = tmp_path / words.split()[0]
+        shutil.copytree(checkpoint, folder)
+        config = json.loads((folder / 'config.json').read_text())
+        edit(config)
+        (folder / 'config.json').write_text(json.dumps(config))
+        with pytest.raises(UnknownModelError, match=words):
+            resolve_cross_encoder(str(folder))
+    with pytest.raises(Exception, match='is not a reranker checkpoint folder'):
+        resolve_cross_encoder(str(tmp_path / 'nothing-here'))
