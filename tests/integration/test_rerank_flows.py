@@ -71,6 +71,7 @@ def served(request, checkpoint, tmp_path_factory):
     env = {
         'CLIPSERVE_RERANK_MODEL': str(checkpoint),
         'CLIPSERVE_RERANK_BACKEND': request.param,
+        'CLIPSERVE_RERANK_DTYPE': 'fp32',  # transformers' scores to 1e-5 (auto is bf16 where the CPU has it)
         'CLIPSERVE_CACHE': str(folder / 'cache'),  # the onnx backend exports the checkpoint into it on first use
     }
     with FlowProcess(config, folder, env):

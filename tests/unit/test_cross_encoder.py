@@ -68,7 +68,7 @@ def test_pairs_are_transformers_own(checkpoint, max_length, side):
 
 @pytest.mark.parametrize('backend', ['torch', 'onnx'])
 def test_scores_equal_transformers_and_do_not_depend_on_the_batch(checkpoint, backend):
-    encoder = create_cross_encoder(backend, resolve_cross_encoder(str(checkpoint)), RerankOptions())
+    encoder = create_cross_encoder(backend, resolve_cross_encoder(str(checkpoint)), RerankOptions(dtype='fp32'))
     pipeline = RerankPipeline(encoder, minibatch_size=3)
     try:
         _, want = reference(checkpoint, DOCUMENTS)
@@ -117,3 +117,27 @@ def test_checkpoints_that_are_not_one_label_rerankers_are_refused_by_name(checkp
             resolve_cross_encoder(str(folder))
     with pytest.raises(Exception, match='is not a reranker checkpoint folder'):
         resolve_cross_encoder(str(tmp_path / 'nothing-here'))
+
+
+@pytest.mark.parametrize('native', ['1', '0'])
+def test_auto_is_bf16_where_the_cpu_has_it_and_checked_against_fp32(checkpoint, monkeypatch, native):
+    """auto picks bf16 on a CPU with native bf16 (forced here either way with CLIPSERVE_CPU_BF16), measured
+    against fp32 at start: kept when it passes, replaced by fp32 when it fails; fp32 elsewhere."""
+    from clipserve.backends.precision import cpu_bf16
+    from clipserve.serving.reranker import CrossEncoderRanker
+
+    monkeypatch.setenv('CLIPSERVE_CPU_BF16', native)
+    monkeypatch.delenv('CLIPSERVE_INT8_FORCE', raising=False)
+    cpu_bf16.cache_clear()
+    try:
+        ranker = CrossEncoderRanker(name=str(checkpoint))
+        try:
+            if native == '1':
+                assert 'bf16' in ranker.precision and ranker.encoder.dtype in ('bf16', 'fp32')
+                assert (ranker.encoder.dtype == 'fp32') == ranker.precision.startswith('fp32: auto chose bf16')
+            else:
+                assert ranker.precision == 'fp32' and ranker.encoder.dtype == 'fp32'
+        finally:
+            ranker.close()
+    finally:
+        cpu_bf16.cache_clear()

@@ -16,8 +16,7 @@ from clipserve.errors import InvalidParameterError
 from clipserve.models.cross_encoder import CrossEncoderSpec
 
 RERANK_BACKENDS = ('torch', 'onnx')
-#: precisions by backend, the default first (a pair's score is a small difference of large activations:
-#: int8 and bf16 only when asked, and checked by the caller against fp32 as encoders' are)
+#: precisions by backend (any but fp32 is measured against fp32 at start: backends/rerank_check.py)
 DTYPES = {'torch': ('fp32', 'bf16', 'fp16'), 'onnx': ('fp32', 'int8')}
 
 
@@ -56,8 +55,14 @@ class CrossEncoder(ABC):
 
 
 def pick_dtype(backend: str, device: str, dtype: str | None) -> str:
+    """`dtype`, checked; unset (`auto`): fp16 on CUDA (torch), bf16 on a CPU that computes it natively (torch:
+    3x fp32 there, benchmarks/rerank.py), else fp32."""
     if dtype in (None, '', 'auto'):
-        return 'fp16' if device.startswith('cuda') and backend == 'torch' else 'fp32'
+        if device.startswith('cuda'):
+            return 'fp16' if backend == 'torch' else 'fp32'
+        from clipserve.backends.precision import cpu_bf16
+
+        return 'bf16' if backend == 'torch' and cpu_bf16()[0] else 'fp32'
     if dtype not in DTYPES[backend]:
         raise InvalidParameterError(
             f'dtype {dtype!r} is not served by the {backend} reranker; it takes {", ".join(DTYPES[backend])}'

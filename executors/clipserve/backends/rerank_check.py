@@ -1,8 +1,9 @@
-"""A reranker's int8 is served only after it is measured against fp32 on the CPU it runs on, as the encoders'
-is (int8_check.py): the same generated (query, document) pairs through both; int8 is refused at start, with the
-figures, when a relevance score drifts past MAX_SCORE_DIFF or a query's best three documents change order.
-CLIPSERVE_INT8_FORCE=1 serves it anyway (logged). The pairs are synthetic: the check catches broken
-arithmetic, not the accuracy a trained model loses on real data."""
+"""A reranker in a reduced precision (bf16, fp16, int8) serves only after it is measured against fp32 on the
+CPU it runs on, as the encoders' int8 is (int8_check.py): the same generated (query, document) pairs through
+both. It fails when a relevance score drifts past MAX_SCORE_DIFF or a query's best three documents change
+order: a precision the operator asked for is then refused at start, with the figures (CLIPSERVE_INT8_FORCE=1
+serves it anyway, logged); one `auto` chose falls back to fp32. The pairs are synthetic: the check catches
+broken arithmetic, not the accuracy a trained model loses on real data."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ QUERIES = ('a dog playing in the snow', 'what is a neural network?', 'city light
 
 
 @dataclass(frozen=True)
-class RerankInt8Report:
+class RerankPrecisionReport:
+    dtype: str
     max_score_diff: float
     top3_kept: bool
     speedup: float
@@ -45,31 +47,32 @@ class RerankInt8Report:
         )
 
 
-def check_rerank_int8(tokenizer, int8, fp32) -> RerankInt8Report:
-    """int8 and fp32 rerankers (CrossEncoder) of one checkpoint on QUERIES x CAPTIONS, through `tokenizer`."""
-    diffs, kept, times = [], True, {'int8': 0.0, 'fp32': 0.0}
+def check_precision(tokenizer, reduced, fp32) -> RerankPrecisionReport:
+    """A reduced-precision reranker (CrossEncoder) against the fp32 one of the same checkpoint on QUERIES x
+    CAPTIONS, through `tokenizer`."""
+    diffs, kept, times = [], True, {'reduced': 0.0, 'fp32': 0.0}
     for query in QUERIES:
         pairs = tokenizer(query, list(CAPTIONS))
         arrays = pairs.rows(slice(None))
         scores = {}
-        for name, model in (('fp32', fp32), ('int8', int8)):
+        for name, model in (('fp32', fp32), ('reduced', reduced)):
             model.score(*arrays)  # warm
             started = time.perf_counter()
             scores[name] = 1 / (1 + np.exp(-model.score(*arrays).astype(np.float64)))
             times[name] += time.perf_counter() - started
-        diffs.append(float(np.abs(scores['int8'] - scores['fp32']).max()))
-        kept = kept and list(np.argsort(-scores['int8'])[:3]) == list(np.argsort(-scores['fp32'])[:3])
-    return RerankInt8Report(max(diffs), kept, times['fp32'] / max(times['int8'], 1e-9), cpu_features().describe())
+        diffs.append(float(np.abs(scores['reduced'] - scores['fp32']).max()))
+        kept = kept and list(np.argsort(-scores['reduced'])[:3]) == list(np.argsort(-scores['fp32'])[:3])
+    speedup = times['fp32'] / max(times['reduced'], 1e-9)
+    return RerankPrecisionReport(reduced.dtype, max(diffs), kept, speedup, cpu_features().describe())
 
 
-def enforce_rerank_int8(report: RerankInt8Report, environ=None) -> str:
+def forced(environ=None) -> bool:
     environ = os.environ if environ is None else environ
-    failures = report.failures
-    if not failures:
-        return report.describe()
-    if str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on'):
-        return f'{report.describe()}; SERVED ANYWAY ({FORCE_ENV}=1): {"; ".join(failures)}'
-    raise BackendUnavailableError(
-        f'dtype int8 for this reranker is refused on this CPU: {"; ".join(failures)}. Measured: {report.describe()}. '
-        f'Serve fp32, or set {FORCE_ENV}=1 to serve int8 anyway.'
+    return str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def refusal(report: RerankPrecisionReport) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f'dtype {report.dtype} for this reranker is refused on this CPU: {"; ".join(report.failures)}. Measured: '
+        f'{report.describe()}. Serve fp32, or set {FORCE_ENV}=1 to serve {report.dtype} anyway.'
     )

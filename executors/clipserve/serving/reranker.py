@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from clipserve.backends import create_cross_encoder
+from clipserve.backends import create_cross_encoder, rerank_check
 from clipserve.backends.cross_encoder import RerankOptions
-from clipserve.backends.rerank_check import check_rerank_int8, enforce_rerank_int8
 from clipserve.config.parameters import check_bool, check_int
 from clipserve.config.reranker_settings import DIRECTIONS, reranker_settings
 from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
@@ -78,18 +77,27 @@ class CrossEncoderRanker(AdmittedExecutor):
         self.logger.info(f'ready in {self.load_seconds:.1f}s: reranker {self.encoder.describe()}')
 
     def _check_precision(self, spec, options) -> str:
-        """int8 is measured against fp32 on this CPU before it serves (backends/rerank_check.py)."""
-        if self.encoder.dtype != 'int8':
+        """A precision other than fp32 is measured against fp32 on this CPU before it serves
+        (backends/rerank_check.py): refused when asked for and drifting, replaced by fp32 when `auto` chose it."""
+        if self.encoder.dtype == 'fp32' or self.encoder.device.startswith('cuda'):
             return self.encoder.dtype
-        reference = create_cross_encoder(
-            self.settings.backend, spec, replace(options, dtype='fp32'), self.settings.model_path
-        )
-        try:
-            report = check_rerank_int8(PairTokenizer(self.encoder.spec), self.encoder, reference)
-        finally:
+        fp32_options = replace(options, dtype='fp32')
+        reference = create_cross_encoder(self.settings.backend, spec, fp32_options, self.settings.model_path)
+        report = rerank_check.check_precision(PairTokenizer(self.encoder.spec), self.encoder, reference)
+        if not report.failures:
             reference.close()
-        line = enforce_rerank_int8(report)
-        self.logger.info(line)
+            line = report.describe()
+        elif rerank_check.forced():
+            reference.close()
+            line = f'{report.describe()}; SERVED ANYWAY ({rerank_check.FORCE_ENV}=1): {"; ".join(report.failures)}'
+        elif options.dtype in (None, '', 'auto'):
+            self.encoder.close()
+            self.encoder = reference
+            line = f'fp32: auto chose {report.dtype}, which failed its check ({"; ".join(report.failures)})'
+        else:
+            reference.close()
+            raise rerank_check.refusal(report)
+        self.logger.info(f'precision: {line}')
         return line
 
     @requests(on=READY_ENDPOINT)
