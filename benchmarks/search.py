@@ -9,10 +9,11 @@ The synthetic set (`--vectors`, 512-d): 1,000 cluster centres drawn from N(0, I)
 N(0, 0.8^2 I) noise, L2-normalised (numpy's PCG64, seed 0; the queries are 1,000 more points of the same
 draw, seed 1). Uniformly random vectors are HNSW's worst case and no embedding looks like them; clustered ones
 are closer to what an encoder gives. The exact top 10 is computed by brute force, chunk by chunk. Each
-configuration builds in a fresh process (so its memory is its own) with the indexer's defaults (m 16,
-ef_construction 200). The real set (`--real`): captions embedded by `--model` (random weights unless a
-checkpoint is named), searched with other captions. Prints a table, writes benchmarks/results/search.json
-and a recall/QPS plot next to it.
+configuration builds in a process of its own with the indexer's defaults (m 16, ef_construction 200), then is
+opened and searched in a fresh one, whose memory growth is the memory serving it takes. The real set
+(`--real`): captions embedded by `--model` (random weights unless a checkpoint is named), searched with other
+captions. The end-to-end run also times `/encode` of the same texts through the same Flow, which tells the
+encoding's share. Prints a table, writes benchmarks/results/search.json and a recall/QPS plot next to it.
 """
 
 from __future__ import annotations
@@ -102,16 +103,14 @@ def measure_searches(store, queries, truth, efs) -> list[dict]:
 # ---- one configuration, in a process of its own -------------------------------------------------------
 
 
-def build_and_measure(args) -> dict:
+def build(args) -> dict:
+    """Write every vector and build the graph, in a process of its own; the index is left on disk."""
     from clipserve.index.edge import EdgeStore
     from clipserve.index.points import Point
     from clipserve.index.store import CollectionSettings
 
-    queries = next(synthetic(args.queries, seed=1))[1]
-    truth = exact_top_k(queries, synthetic(args.vectors, seed=0))
     folder = Path(args.folder)
     shutil.rmtree(folder, ignore_errors=True)
-    before = rss_bytes()
     store = EdgeStore(folder, CollectionSettings(dim=DIM, quantization=args.quantization))
     started = time.perf_counter()
     for first, chunk in synthetic(args.vectors, seed=0):
@@ -122,20 +121,33 @@ def build_and_measure(args) -> dict:
     started = time.perf_counter()
     store.optimize()
     optimize_seconds = time.perf_counter() - started
-    searches = measure_searches(store, queries, truth, args.efs)
-    status = store.status()
-    out = {
-        'quantization': args.quantization,
-        'vectors': args.vectors,
+    indexed = store.status()['indexed']
+    store.close()
+    return {
         'upsert_seconds': upsert_seconds,
         'optimize_seconds': optimize_seconds,
-        'indexed': status['indexed'],
-        'rss_bytes': rss_bytes() - before,
+        'indexed': indexed,
         'disk_bytes': folder_bytes(folder),
-        'searches': searches,
     }
+
+
+def serve(args) -> dict:
+    """Open the built index in a fresh process and search it: recall, speed, and the memory serving it takes
+    (the process's resident memory growth: the graph, the vectors searching touched, the payloads)."""
+    from clipserve.index.edge import EdgeStore
+
+    queries = next(synthetic(args.queries, seed=1))[1]
+    truth = exact_top_k(queries, synthetic(args.vectors, seed=0))
+    before = rss_bytes()
+    store = EdgeStore(Path(args.folder))
+    searches = measure_searches(store, queries, truth, args.efs)
+    grown = rss_bytes() - before
     store.close()
-    return out
+    return {'searches': searches, 'rss_bytes': grown}
+
+
+def build_and_measure(args) -> dict:
+    return {'quantization': args.quantization, 'vectors': args.vectors, **build(args)}
 
 
 def real_embeddings(args) -> dict:
@@ -183,12 +195,13 @@ import json, sys, time
 from docarray import Document, DocumentArray
 from jina import Client
 client = Client(host='127.0.0.1', port=int(sys.argv[1]))
+endpoint = sys.argv[3]
 latencies = []
 for i in range(int(sys.argv[2])):
     started = time.perf_counter()
-    out = client.post('/search', DocumentArray([Document(text=f'a photo of a dog number {i}')]), parameters={'limit': 10})
+    out = client.post(endpoint, DocumentArray([Document(text=f'a photo of a dog number {i}')]), parameters={'limit': 10})
     latencies.append(time.perf_counter() - started)
-    assert len(out[0].matches) == 10
+    assert endpoint != '/search' or len(out[0].matches) == 10
 print(json.dumps(latencies[5:]))
 """
 
@@ -227,19 +240,21 @@ def end_to_end(args, index_folder: Path) -> list[dict]:
             if flow.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError((work / 'flow.log').read_text()[-3000:])
             time.sleep(1)
-        for clients in (1, 4):
-            command = [sys.executable, '-c', QUERY_CLIENT, str(ports[0]), str(args.flow_queries + 5)]
-            procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(clients)]
-            latencies = sum((json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs), [])
-            latencies.sort()
-            rows.append(
-                {
-                    'clients': clients,
-                    'p50_ms': 1000 * statistics.median(latencies),
-                    'p99_ms': 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-                    'queries': len(latencies),
-                }
-            )
+        for endpoint in ('/search', '/encode'):
+            for clients in (1, 4):
+                command = [sys.executable, '-c', QUERY_CLIENT, str(ports[0]), str(args.flow_queries + 5), endpoint]
+                procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+                latencies = sum((json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs), [])
+                latencies.sort()
+                rows.append(
+                    {
+                        'endpoint': endpoint,
+                        'clients': clients,
+                        'p50_ms': 1000 * statistics.median(latencies),
+                        'p99_ms': 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+                        'queries': len(latencies),
+                    }
+                )
     finally:
         os.killpg(flow.pid, 9)  # every process of the Flow; the index is a throw-away copy
         flow.wait()
@@ -279,12 +294,18 @@ def main() -> None:
     parser.add_argument('--backend', default='torch')
     parser.add_argument('--no-flow', action='store_true', help='skip the end-to-end Flow measurement')
     parser.add_argument('--flow-queries', type=int, default=200)
+    parser.add_argument(
+        '--flow-backend', default='onnx', help="the search Flow's encoder backend (default %(default)s)"
+    )
     parser.add_argument('--stage', default='all', help=argparse.SUPPRESS)
     parser.add_argument('--quantization', default='none', help=argparse.SUPPRESS)
     parser.add_argument('--folder', default='', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage == 'build':
         print(json.dumps(build_and_measure(args)))
+        return
+    if args.stage == 'serve':
+        print(json.dumps(serve(args)))
         return
     if args.stage == 'real':
         print(json.dumps(real_embeddings(args)))
@@ -295,14 +316,16 @@ def main() -> None:
     try:
         for quantization in args.quantizations.split(','):
             folder = work / f'index-{quantization}'
-            results['builds'].append(child(args, 'build', quantization=quantization, folder=folder))
-            build = results['builds'][-1]
+            build = child(args, 'build', quantization=quantization, folder=folder)
+            build.update(child(args, 'serve', folder=folder))
+            results['builds'].append(build)
             seconds = f'{build["upsert_seconds"]:.0f} s + graph {build["optimize_seconds"]:.0f} s'
             print(f'{quantization}: built {args.vectors:,} in {seconds}', flush=True)
         if args.real:
             results['real'] = child(args, 'real', folder=work / 'real', backend=args.backend)
         if not args.no_flow:
             results['flow'] = end_to_end(args, work / 'index-none')
+            results['flow_model'] = f'{args.model} on {args.flow_backend}'
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(results)
@@ -349,13 +372,15 @@ def report(results: dict) -> None:
             )
         )
     if 'flow' in results:
-        print('\nA text query end to end through flows/search.yml (encode + search over the first index), gRPC')
         print(
-            markdown_table(
-                ['clients', 'p50 ms', 'p99 ms', 'queries'],
-                [[r['clients'], f'{r["p50_ms"]:.1f}', f'{r["p99_ms"]:.1f}', r['queries']] for r in results['flow']],
-            )
+            f'\nA text query end to end through flows/search.yml ({results["flow_model"]}), gRPC: /search (encode + '
+            'search over the first index) and /encode alone (the same texts through the same Flow)'
         )
+        rows = [
+            [r['endpoint'], r['clients'], f'{r["p50_ms"]:.1f}', f'{r["p99_ms"]:.1f}', r['queries']]
+            for r in results['flow']
+        ]
+        print(markdown_table(['endpoint', 'clients', 'p50 ms', 'p99 ms', 'queries'], rows))
     path = save('search', results)
 
     def draw(axes):

@@ -64,7 +64,14 @@ FLOWS = {
     'multi-model': ('multi-model.yml', DOC_PORTS[:2], _multi_model, {}),
     'monitoring': ('monitoring.yml', (51000, *DOC_METRICS_PORTS), _monitoring, {}),
     'search': ('search.yml', DOC_PORTS, lambda c, p: set_port(c, [p[n] for n in DOC_PORTS]), {}),
+    'rerank': (
+        'rerank.yml',
+        DOC_PORTS,
+        lambda c, p: set_port(c, [p[n] for n in DOC_PORTS]),
+        {'CLIPSERVE_RERANK_DTYPE': 'fp32'},
+    ),
 }
+RERANKER = 'BAAI/bge-reranker-v2-m3'  # what the docs name; the doc tests serve a tiny reranker built here in its place
 
 
 class FlowPool:
@@ -79,6 +86,15 @@ class FlowPool:
         if name not in FLOWS:
             raise KeyError(f'no doc-test Flow {name!r}; known: {", ".join(FLOWS)}, tls')
         file, documented, edit, env = FLOWS[name]
+        models = dict(MODELS)
+        if name == 'rerank':
+            from tests.transformers_folders import cross_encoder_checkpoint
+
+            folder = self.directory / 'bge-reranker-v2-m3'
+            if not (folder / 'config.json').is_file():
+                cross_encoder_checkpoint(folder)
+            env = {**env, 'CLIPSERVE_RERANK_MODEL': str(folder)}
+            models[RERANKER] = str(folder)
         ports = {port: free_port() for port in documented}
         # a search Flow's index in a folder of this session's (every Flow gets one; only CLIPIndexer reads it)
         env = {'CLIPSERVE_MODEL': TINY, 'CLIPSERVE_INDEX_PATH': str(self.directory / f'{name}-index'), **env}
@@ -90,7 +106,7 @@ class FlowPool:
         except BaseException:
             _restore(saved)
             raise
-        self.running = Running(name, ports, env=saved, flow=flow)
+        self.running = Running(name, ports, models=models, env=saved, flow=flow)
         return self.running
 
     def close(self) -> None:

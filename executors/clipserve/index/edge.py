@@ -211,6 +211,7 @@ def _edge_config(settings: CollectionSettings):
         distance=getattr(qe.Distance, METRICS[settings.metric]),
         multivector_config=multivector,
         quantization_config=quantization,
+        on_disk=True if quantization is not None else None,  # int8 searches in memory, rescores from disk
     )
     hnsw = qe.HnswIndexConfig(m=settings.m, ef_construct=settings.ef_construct, full_scan_threshold=FULL_SCAN_KB)
     return qe.EdgeConfig(vectors=vectors, hnsw_config=hnsw)
