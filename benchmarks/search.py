@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -69,8 +70,6 @@ def exact_top_k(queries: np.ndarray, chunks, k: int = K) -> np.ndarray:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
@@ -123,12 +122,8 @@ def build(args) -> dict:
     optimize_seconds = time.perf_counter() - started
     indexed = store.status()['indexed']
     store.close()
-    return {
-        'upsert_seconds': upsert_seconds,
-        'optimize_seconds': optimize_seconds,
-        'indexed': indexed,
-        'disk_bytes': folder_bytes(folder),
-    }
+    seconds = {'upsert_seconds': upsert_seconds, 'optimize_seconds': optimize_seconds}
+    return {**seconds, 'indexed': indexed, 'disk_bytes': folder_bytes(folder)}
 
 
 def serve(args) -> dict:
