@@ -6,21 +6,19 @@ The page is loaded, asks for the token, gets it typed in; two texts and an image
 shows are read back and compared with what /v1/rank answers. The browser runs with its background
 networking off, and every request the page makes is checked to go to the gateway: nothing from a CDN.
 
-CI (CI=true) must have chromium and chromedriver (`.ci/run` installs Debian's `chromium` and
-`chromium-driver`): there the test fails instead of skipping. CLIPSERVE_SCREENSHOT=1 saves the page as
+CI (CI=true) must have chromium and chromedriver (browser.py). CLIPSERVE_SCREENSHOT=1 saves the page as
 docs/playground.png (the README's picture).
 """
 
 import io
 import json
 import os
-import shutil
-import time
 
 import pytest
 import requests
 from PIL import Image, ImageDraw
 
+from .browser import headless_chromium, origins_loaded, severe_console_errors, wait
 from .conftest import ROOT, TINY, data_uri, flow_from_yaml, free_port, set_port
 
 TOKEN = 'playground-token'
@@ -108,63 +106,10 @@ def shapes() -> bytes:
     return buf.getvalue()
 
 
-def browser_or_skip():
-    chromium = shutil.which('chromium') or shutil.which('chromium-browser')
-    driver = shutil.which('chromedriver')
-    try:
-        from selenium import webdriver
-    except ImportError:
-        webdriver = None
-    if not (chromium and driver and webdriver):
-        message = (
-            'the browser test needs chromium and chromedriver (apt-get install -y chromium chromium-driver) '
-            "and selenium (the 'test' extra)"
-        )
-        if os.environ.get('CI', '').lower() == 'true':
-            pytest.fail(f'{message}; CI must run it, see .ci/run')
-        pytest.skip(message)
-    return chromium, driver, webdriver
-
-
 @pytest.fixture(scope='module')
 def browser(tmp_path_factory):
-    chromium, driver, webdriver = browser_or_skip()
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (
-        '--headless=new',
-        '--no-sandbox',
-        '--disable-gpu',
-        '--disable-dev-shm-usage',
-        '--disable-quic',
-        '--no-first-run',
-        '--disable-background-networking',
-        '--disable-component-update',
-        '--disable-sync',
-        '--disable-default-apps',
-        '--disable-extensions',
-        '--window-size=1280,900',
-        f'--user-data-dir={tmp_path_factory.mktemp("chromium-profile")}',
-    ):
-        options.add_argument(flag)
-    options.set_capability('goog:loggingPrefs', {'performance': 'ALL', 'browser': 'ALL'})
-    chrome = webdriver.Chrome(service=Service(driver), options=options)
-    try:
+    with headless_chromium(tmp_path_factory.mktemp('chromium-profile')) as chrome:
         yield chrome
-    finally:
-        chrome.quit()
-
-
-def wait(browser, condition, seconds=60, what='the page'):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = browser.execute_script(condition)
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f'timed out waiting for {what}; page error: {browser.find_element("id", "error").text!r}')
 
 
 def compare_and_wait(browser):
@@ -250,15 +195,8 @@ def test_the_playground_shows_the_scores_rank_computes(served, browser, tmp_path
     assert 'input[3]' in browser.find_element('id', 'error').text
 
     # everything the page loaded came from the gateway (or was a data:/blob: URL): no CDN, works offline
-    origins = set()
-    for entry in browser.get_log('performance'):
-        message = json.loads(entry['message'])['message']
-        if message['method'] == 'Network.requestWillBeSent':
-            url = message['params']['request']['url']
-            if url.startswith(('http:', 'https:', 'ws:', 'wss:')):  # not data:, blob: or chrome's own pages
-                origins.add('/'.join(url.split('/')[:3]))
-    assert origins == {served['url']}, origins
-    assert not [e for e in browser.get_log('browser') if e['level'] == 'SEVERE' and '/v1/' not in e['message']]
+    assert origins_loaded(browser) == {served['url']}
+    assert not severe_console_errors(browser)
 
 
 def test_the_page_is_open_but_carries_no_secret(served):
@@ -267,3 +205,16 @@ def test_the_page_is_open_but_carries_no_secret(served):
     assert "connect-src 'self'" in page.headers['content-security-policy']
     assert TOKEN not in page.text and 'http://' not in page.text and 'https://' not in page.text
     assert requests.get(f'{served["url"]}/v1/models', timeout=30).status_code == 401
+
+
+def test_the_search_tab_says_when_the_flow_has_no_index(served, browser):
+    browser.get(f'{served["url"]}/playground')
+    wait(browser, "return document.getElementById('auth').classList.contains('shown')", what='the token prompt')
+    browser.find_element('id', 'token').send_keys(TOKEN)
+    browser.find_element('id', 'token-save').click()
+    wait(browser, "return document.getElementById('model').options.length == 2", what='the model picker')
+    browser.find_element('id', 'tab-search').click()
+    assert browser.find_element('id', 'compare-view').get_attribute('hidden') is not None
+    assert 'This Flow has no index' in browser.find_element('id', 'no-index').text
+    assert not browser.find_element('id', 'search-controls').is_displayed()
+    assert api(served, '/models').json()['capabilities'] == {'search': False, 'rerankers': []}

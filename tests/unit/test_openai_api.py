@@ -206,6 +206,7 @@ def test_rank_and_models_answers():
     models = answers.models_response([answers.ServedModel('a::b', 64, ('A',), True)], created=5)
     assert models == {
         'object': 'list',
+        'capabilities': {'search': False, 'rerankers': []},
         'data': [
             {
                 'id': 'a::b',
@@ -220,6 +221,8 @@ def test_rank_and_models_answers():
             }
         ],
     }
+    searching = answers.models_response([], created=5, search=True, rerankers=('r',))
+    assert searching['capabilities'] == {'search': True, 'rerankers': ['r']}
 
 
 # ---- the encoder's failures ---------------------------------------------------------------------

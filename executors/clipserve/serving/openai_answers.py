@@ -110,10 +110,15 @@ class ServedModel:
     modalities: tuple[str, ...] = MODALITIES
 
 
-def models_response(models: list[ServedModel], created: int) -> dict:
-    """GET /v1/models: OpenAI's list of model objects, with each model's embedding size and modalities."""
+def models_response(
+    models: list[ServedModel], created: int, search: bool = False, rerankers: tuple[str, ...] = ()
+) -> dict:
+    """GET /v1/models: OpenAI's list of model objects, with each model's embedding size and modalities, and what
+    else the Flow answers (`capabilities`: an index for /v1/search, cross-encoders for the rerank routes), which
+    the playground reads; OpenAI's SDK ignores the extra field."""
     return {
         'object': 'list',
+        'capabilities': {'search': search, 'rerankers': list(rerankers)},
         'data': [
             {
                 'id': m.name,

@@ -99,7 +99,7 @@ def playground_page() -> tuple[bytes, str] | None:
     scripts = re.findall(rb'<script>(.*?)</script>', html, re.DOTALL)
     hashes = ' '.join(f"'sha256-{base64.b64encode(hashlib.sha256(s).digest()).decode()}'" for s in scripts)
     policy = (
-        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data: blob:; "
+        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src data: blob: http: https:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
     return html, policy
@@ -201,7 +201,12 @@ class OpenAIRoutes:
 
     async def models(self, request: Request) -> Response:
         return await self._answer(
-            request, 'models', lambda _: self.flow.models(), lambda got: answers.models_response(got, self.created)
+            request,
+            'models',
+            lambda _: self.flow.models(),
+            lambda got: answers.models_response(
+                got, self.created, search=self.flow.has_index, rerankers=tuple(sorted(self.flow.rerankers))
+            ),
         )
 
     async def embeddings(self, request: Request) -> Response:
