@@ -210,7 +210,7 @@ def test_the_playground_page_and_its_policy():
         and 'unsafe-inline' not in policy.split('style-src')[0]
     )
     assert b'/v1/embeddings' in page and b'/v1/rank' in page and b'/v1/models' in page
-    assert b'/v1/search' in page and "img-src data: blob: http: https:;" in policy  # search hits' images
+    assert b'/v1/search' in page and 'img-src data: blob: http: https:;' in policy  # search hits' images
     no_favicon = page.replace(b'<link rel="icon" href="data:,">', b'', 1)  # an empty icon: no /favicon.ico 404
     assert b'<script src' not in page and b'<link' not in no_favicon  # nothing loaded from elsewhere
     assert request(app, 'POST', '/playground')[0] == 405
