@@ -38,7 +38,7 @@ os.environ.setdefault('CLIPSERVE_CPU_BF16', '0')
 TINY = 'clipserve-tiny::random'
 TINY_EXPORT_ENV = 'CLIPSERVE_TEST_TINY_EXPORT'  # an ONNX export of TINY made beforehand (the emulated-CPU run)
 
-# A Flow YAML's `py_modules: [clipserve]` finds CLIPEncoder only if the package defined it with Jina already
+# A Flow YAML's `py_modules: [clipserve.serving]` finds CLIPEncoder only if the package defined it with Jina already
 # imported (clipserve/__init__.py); tests import clipserve's modules first, so Jina is imported before them.
 if not os.environ.get(TINY_EXPORT_ENV):  # the emulated-CPU run starts no Flow
     import jina  # noqa: E402, F401

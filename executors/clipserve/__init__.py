@@ -7,7 +7,9 @@ errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and
 reranker in the v1 flavour), for the DocArray flavour installed
 (serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
 serving/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
-A Flow YAML's `py_modules: [clipserve]` makes Jina import this package, and Jina finds `uses: CLIPEncoder`
+A Flow YAML's `py_modules: [clipserve.serving]` makes Jina import this package (not `[clipserve]`: Jina looks a
+py_modules name up as a file first, in the folders of its call stack and on PATH, where it would find the
+`clipserve` command and fail to import it; serving/jina_compat.py), and Jina finds `uses: CLIPEncoder`
 (and the gateways `ReadyGateway`, `ClipServeGateway`) only once their classes are defined: when Jina is
 already imported, importing the package defines them at once. Otherwise (a bulk job, a Ray worker, the command line)
 they are defined on first use, so `import clipserve` pulls in neither Jina nor DocArray, nor any

@@ -99,7 +99,7 @@ def deployment(containers, tmp_path):
     hold.mkdir()
     hold.chmod(0o777)  # the containers' uid 10001 writes the markers
     held_config = yaml.safe_load((ROOT / 'executors' / 'hub' / 'CLIPEncoder' / 'config.yml').read_text())
-    held_config.update(jtype='HeldCLIPEncoder', py_modules=['clipserve', '/srv/clipserve/held/held_encoder.py'])
+    held_config.update(jtype='HeldCLIPEncoder', py_modules=['clipserve.serving', '/srv/clipserve/held/held_encoder.py'])
     held_config['with']['hold_dir'] = '/hold'
     (tmp_path / 'held-config.yml').write_text(yaml.safe_dump(held_config, sort_keys=False))
     command = yaml.safe_load((ROOT / 'deploy' / 'compose.yml').read_text())['services']['encoder-1']['command']

@@ -71,7 +71,7 @@ def serving(containers, image, folder: Path, held: bool = False):
         hold.chmod(0o777)  # the container's uid 10001 writes its markers here
         [executor] = config['executors']
         executor['uses'].update(
-            jtype='HeldCLIPEncoder', py_modules=['clipserve', '/srv/clipserve/held/held_encoder.py']
+            jtype='HeldCLIPEncoder', py_modules=['clipserve.serving', '/srv/clipserve/held/held_encoder.py']
         )
         executor['uses']['with']['hold_dir'] = '/hold'
         mounts += ['-v', f'{HELD}:/srv/clipserve/held/held_encoder.py:ro', '-v', f'{hold}:/hold']

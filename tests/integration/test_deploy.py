@@ -75,7 +75,7 @@ def test_hub_config_lists_every_setting_with_its_variable_and_default(name):
 
     text = (HUB / name / 'config.yml').read_text()
     config = yaml.safe_load(text)
-    assert config['jtype'] == name and config['py_modules'] == ['clipserve']
+    assert config['jtype'] == name and config['py_modules'] == ['clipserve.serving']
     assert list(config['with']) == [s.name for s in EXECUTOR_SETTINGS]
     for setting in EXECUTOR_SETTINGS:  # null: the environment variable, else the default; both in the comment
         assert config['with'][setting.name] is None

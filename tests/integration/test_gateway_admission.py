@@ -43,7 +43,7 @@ def flow(tmp_path_factory):
         executor = config['executors'][0]
         executor['uses'] = {
             'jtype': 'HeldCLIPEncoder',
-            'py_modules': ['clipserve', str(HELD)],
+            'py_modules': ['clipserve.serving', str(HELD)],
             # no small reserve: the held requests and the probes are all one-text (small) requests; no queue: the
             # replica refuses at once past max_requests (the queue itself: tests/integration/test_legacy_flows.py)
             'with': {

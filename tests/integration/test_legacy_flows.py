@@ -59,7 +59,7 @@ def migration_guide_yaml() -> dict:
 
 def clip_as_service_yaml(text: str) -> dict:
     config = yaml.safe_load(text)
-    config['executors'][0]['uses']['metas']['py_modules'] = ['clipserve']  # the one line a user changes
+    config['executors'][0]['uses']['metas']['py_modules'] = ['clipserve.serving']  # the one line a user changes
     return config
 
 

@@ -49,7 +49,7 @@ def held_flow(flow_name: str, tmp_path: Path, ports: list[int], protocols: list[
     [executor] = config['executors']
     executor['uses'] = {
         'jtype': 'HeldCLIPEncoder',
-        'py_modules': ['clipserve', str(HELD)],
+        'py_modules': ['clipserve.serving', str(HELD)],
         'with': {'name': TINY, 'hold_dir': str(tmp_path)},
     }
     path = tmp_path / flow_name
