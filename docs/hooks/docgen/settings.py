@@ -36,8 +36,8 @@ GATEWAY_ARGUMENTS = {
 # CLIPSERVE_* variables the code reads that are not a setting's: name -> (read by, description)
 OTHER_VARIABLES = {
     'CLIPSERVE_AUTH_TOKEN': (
-        '`ClipServeGateway` (`flows/auth.yml`); `clipserve_client`',
-        'The shared token every request must carry; the light client sends it by default.',
+        '`ClipServeGateway` (`flows/auth.yml`), `clipserve serve --token`; `clipserve_client`, `clipserve embed --server`',
+        'The shared token every request must carry; the clients send it by default (a `--token` or `token=` wins).',
     ),
     'CLIPSERVE_AUTH': ('`ClipServeGateway`', 'Overrides the gateway argument `auth`: `required`, `optional`, `off`.'),
     'CLIPSERVE_CACHE': (
@@ -63,7 +63,7 @@ OTHER_VARIABLES = {
         "Jina's gRPC servers (executors, heads)",
         'The largest gRPC message a server accepts.',
     ),
-    'CLIPSERVE_TOKEN': ('`python -m clipserve embed --server`', 'The token of the Flow `--server` names (`--token`).'),
+    'CLIPSERVE_TOKEN': ('`clipserve embed --server`', 'Deprecated (a warning): `CLIPSERVE_AUTH_TOKEN`.'),
 }
 
 VARIABLE = re.compile(r'CLIPSERVE_[A-Z0-9_]*[A-Z0-9]')

@@ -20,10 +20,13 @@ from clipserve.jobs.job import MODALITIES, JobOptions, prepare
 from clipserve.jobs.readers import FORMATS, InputError
 from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest
 
+TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
+OLD_TOKEN_ENV = 'CLIPSERVE_TOKEN'  # this command's name for it before 0.1.0
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog='python -m clipserve embed',
+        prog='clipserve embed',
         description="Embed a collection into clip-retrieval's layout (img_emb/, text_emb/, metadata/), resumably.",
     )
     p.add_argument(
@@ -101,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
         '--actor-gpus', type=float, default=None, help='GPUs per Ray model actor (default 1 on GPU clusters)'
     )
     r.add_argument('--server', help='embed through a running clipserve Flow (its HTTP address) instead of a model')
-    r.add_argument('--token', default=os.environ.get('CLIPSERVE_TOKEN'), help="the Flow's token (or CLIPSERVE_TOKEN)")
+    r.add_argument('--token', help=f"the Flow's token (default: {TOKEN_ENV})")
     x = p.add_argument_group('search index')
     x.add_argument(
         '--index',
@@ -113,6 +116,19 @@ def parser() -> argparse.ArgumentParser:
         '--index-vectors', choices=('image', 'text'), help='which embeddings to index (default: images if any)'
     )
     return p
+
+
+def token_from(args) -> str | None:
+    """--token, else CLIPSERVE_AUTH_TOKEN (the server's and the clients' name), else the old CLIPSERVE_TOKEN with a
+    warning."""
+    if args.token:
+        return args.token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    if os.environ.get(OLD_TOKEN_ENV):
+        print(f'clipserve embed: {OLD_TOKEN_ENV} is deprecated: name the token {TOKEN_ENV}', file=sys.stderr)
+        return os.environ[OLD_TOKEN_ENV]
+    return None
 
 
 def options_from(args) -> JobOptions:
@@ -145,7 +161,7 @@ def options_from(args) -> JobOptions:
         actor_cpus=args.actor_cpus,
         actor_gpus=args.actor_gpus,
         server=args.server,
-        token=args.token,
+        token=token_from(args),
         quiet=args.quiet,
     )
 
@@ -156,12 +172,24 @@ def _fail(message: str) -> None:
 
 
 def main(argv: list[str]) -> dict:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args) -> dict:
+    """The job the parsed arguments describe (`clipserve embed` parses them with this module's parser)."""
     options = options_from(args)
     if options.server and options.engine == 'ray':
         _fail('--server and --engine ray are alternatives: the Flow is the engine')
     if options.server and not options.normalize:
         _fail("--no-normalize cannot be used with --server: the server's /v1/embeddings answers unit-length vectors")
+    if not options.server:  # a mistyped model fails here, in a blink, before anything is created or loaded
+        from clipserve.errors import UnknownModelError
+        from clipserve.models.known_models import check_model_name
+
+        try:
+            check_model_name(options.model)
+        except UnknownModelError as error:
+            _fail(f'--model: {error}')
     lock = None
     try:
         job = prepare(options)

@@ -35,7 +35,7 @@ class LoadError(ValueError):
     """Something a user can fix: a folder that is not embed's output, a missing extra, an unreachable index."""
 
 
-def parser(prog: str = 'python -m clipserve index') -> argparse.ArgumentParser:
+def parser(prog: str = 'clipserve index') -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Load embed's output (img_emb/, text_emb/, metadata/) into a search index, resumably.",
@@ -181,7 +181,11 @@ def run(args) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    args = parser().parse_args(argv)
+    return load_command(parser().parse_args(argv))
+
+
+def load_command(args) -> dict:
+    """The load the parsed arguments describe, with its summary printed (`clipserve index`)."""
     try:
         summary = run(args)
     except (LoadError, ClipServeError, OSError) as error:

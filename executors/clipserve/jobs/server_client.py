@@ -124,7 +124,7 @@ class EmbeddingsClient:
                     last = f'HTTP {response.status_code}'
                 elif response.status_code == 401:
                     raise ServerError(
-                        f'{self.url} refused the token (HTTP 401): pass it with --token or CLIPSERVE_TOKEN'
+                        f'{self.url} refused the token (HTTP 401): pass it with --token or CLIPSERVE_AUTH_TOKEN'
                     )
                 elif response.status_code == 404 and path == '/v1/models':
                     raise ServerError(f'{self.url} has no /v1/models: is it the HTTP port of a clipserve Flow?')

@@ -1,13 +1,18 @@
 """Every model open_clip knows, and clip-as-service's M-CLIP and CN-CLIP ones, with the facts an operator
 picks by: family, tokenizer, context length, embedding size, image size and resize mode, and which
-backends serve it (`python -m clipserve models`).
+backends serve it (`clipserve models`).
 
-Read from open_clip's configs and pretrained registry without building any model.
+Read from open_clip's configs and pretrained registry without building any model. Importing open_clip takes
+seconds, so the command line reads a snapshot of this module's answer (`catalogue.json`, through
+known_models.py); `python -m clipserve.models.catalogue` rewrites it, and a unit test checks that it equals
+what the installed open_clip says.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import open_clip
 
@@ -174,3 +179,25 @@ def catalogue(include_random: bool = False) -> list[ModelFacts]:
 
 def as_dicts(rows: list[ModelFacts]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+SNAPSHOT = Path(__file__).with_name('catalogue.json')
+
+
+def snapshot() -> dict:
+    """What known_models.py reads: open_clip's version, every architecture with its pretrained tags, and the
+    catalogue's rows (`::random` rows only for architectures without tags, as `clipserve models` shows them)."""
+    architectures = {
+        arch: list(open_clip.list_pretrained_tags_by_model(arch)) for arch in open_clip_family.known_architectures()
+    }
+    return {
+        'open_clip': open_clip.__version__,
+        'architectures': architectures,
+        'external': {'M-CLIP': sorted(mclip.MODELS), 'CN-CLIP': sorted(cnclip.MODELS)},
+        'rows': as_dicts(catalogue()),
+    }
+
+
+if __name__ == '__main__':
+    SNAPSHOT.write_text(json.dumps(snapshot(), indent=0, sort_keys=True) + '\n', encoding='utf-8')
+    print(f'wrote {SNAPSHOT}')

@@ -11,7 +11,11 @@ Checked against jina 3.34.0 (the last release, 2025-03). Each section names its 
 - network errors (openai_gateway.py) and running a Flow from a file (the command line);
 - DocArray v2 and pydantic 2 (executors_v2.py, clipserve/__init__.py): Jina's gateway models with pydantic
   >= 2.11, and the empty request / answer types of either flavour;
-- a head merging its shards' answers (indexer.py: the shards' matches sorted and cut to the top k).
+- a head merging its shards' answers (indexer.py: the shards' matches sorted and cut to the top k);
+- `py_modules` names (the command line): Jina looks each name up as a file before it imports it as a module,
+  in the folders of its call stack and on PATH, so `py_modules: [clipserve]` finds the `clipserve` command
+  (in a virtual environment's bin/, on PATH in the images) and fails importing it. The shipped Flows name
+  `clipserve.serving`; `shadowed_py_modules` finds a YAML's names that such a file would shadow.
 """
 
 from __future__ import annotations
@@ -212,6 +216,40 @@ def network_error_types() -> tuple[type, ...]:
     from jina.excepts import InternalNetworkError
 
     return (InternalNetworkError,)
+
+
+def shadowed_py_modules(yaml_text: str, search: list[str] | None = None) -> list[tuple[str, str]]:
+    """(name, file) for each bare `py_modules` name of the YAML that Jina would resolve to a file that is not a
+    module (jina/jaml/helper.py complete_path: the call stack's folders, then PATH), as a command is."""
+    import re
+    import sys
+    from pathlib import Path
+
+    names, listing = [], False
+    for line in yaml_text.splitlines():
+        inline = re.match(r'^\s*(?:-\s*)?py_modules:\s*\[([^\]]*)\]', line)
+        if inline:
+            names += [n.strip().strip('\'"') for n in inline.group(1).split(',')]
+            continue
+        if re.match(r'^\s*(?:-\s*)?py_modules:\s*(#.*)?$', line):
+            listing = True
+            continue
+        item = re.match(r'^\s*-\s*([^#\s]+)\s*(#.*)?$', line) if listing else None
+        if item:
+            names.append(item.group(1).strip('\'"'))
+        else:
+            listing = False
+    folders = (
+        search if search is not None else [str(Path(sys.argv[0]).parent), *os.environ.get('PATH', '').split(os.pathsep)]
+    )
+    found = []
+    for name in dict.fromkeys(n for n in names if n.isidentifier()):
+        for folder in folders:
+            candidate = Path(folder or '.') / name
+            if candidate.is_file():
+                found.append((name, str(candidate)))
+                break
+    return found
 
 
 def serve_flow(path: str) -> None:

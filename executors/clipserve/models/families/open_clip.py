@@ -119,7 +119,7 @@ def _resolve_arch(name: ModelName) -> str:
         hint = f' Did you mean: {", ".join(close)}?' if close else ''
         raise UnknownModelError(
             f'unknown model architecture {name.arch!r} in {str(name)!r}.{hint} '
-            'Names are "arch::pretrained" (e.g. "ViT-B-32::openai"); `python -m clipserve models` lists them.'
+            'Names are "arch::pretrained" (e.g. "ViT-B-32::openai"); `clipserve models` lists them.'
         )
     return arch
 
