@@ -72,6 +72,72 @@ FLOWS = {
     ),
 }
 RERANKER = 'BAAI/bge-reranker-v2-m3'  # what the docs name; the doc tests serve a tiny reranker built here in its place
+# the README's own servers, started with the command the README shows, verbatim (its ports, its model):
+# name -> what tells its command from the others (the step-1 server has no index)
+README_SERVERS = {'readme': lambda words: '--index' not in words, 'readme-search': lambda words: '--index' in words}
+README_HTTP = 51001
+
+
+def readme_command(name: str) -> list[str]:
+    """The `clipserve serve` command of the README that the server `name` is, as a user types it."""
+    import shlex
+
+    from tests.docs.blocks import read_blocks
+
+    found = []
+    for block in read_blocks(ROOT / 'README.md'):
+        for line in block.code.splitlines():
+            at = line.split('#')[0].find('.venv/bin/clipserve serve')
+            if at >= 0:
+                words = shlex.split(line.split('#')[0][at:])
+                if README_SERVERS[name](words):
+                    found.append(words)
+    assert len(found) == 1, f'README.md: {len(found)} `.venv/bin/clipserve serve` commands for {name}: {found}'
+    return found[0]
+
+
+class ReadmeServer:
+    """The README's command, run in the repository's root as the README says (`.venv/bin/clipserve`: the test
+    environment's own command where the checkout's .venv is not the one running the tests)."""
+
+    def __init__(self, name: str, log: Path):
+        import subprocess
+        import sys
+
+        words = readme_command(name)
+        if not (ROOT / words[0]).is_file():
+            words[0] = str(Path(sys.executable).parent / 'clipserve')
+        self.words, self.log = words, log
+        self.process = subprocess.Popen(
+            words, cwd=ROOT, stdout=open(log, 'a'), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def start(self) -> None:
+        import requests
+
+        from tests.integration.conftest import stop_process, wait_for
+
+        def ready() -> bool:
+            assert self.process.poll() is None, f'{" ".join(self.words)} exited:\n{self.log.read_text()[-3000:]}'
+            try:
+                return requests.get(f'http://127.0.0.1:{README_HTTP}/readyz', timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        try:
+            wait_for(ready, 300, f"the README's server ({' '.join(self.words)})")
+        except BaseException:
+            stop_process(self.process)
+            raise
+
+    def close(self) -> None:
+        import shutil
+
+        from tests.integration.conftest import stop_process
+
+        stop_process(self.process)
+        if '--index' in self.words:  # the README's index folder, made in the checkout: not left behind
+            shutil.rmtree(ROOT / self.words[self.words.index('--index') + 1], ignore_errors=True)
 
 
 class FlowPool:
@@ -83,8 +149,13 @@ class FlowPool:
         if self.running is not None and self.running.name == name:
             return self.running
         self.close()
+        if name in README_SERVERS:
+            server = ReadmeServer(name, self.directory / f'{name}.log')
+            server.start()
+            self.running = Running(name, {}, models={}, flow=server)  # verbatim: its ports and model names
+            return self.running
         if name not in FLOWS:
-            raise KeyError(f'no doc-test Flow {name!r}; known: {", ".join(FLOWS)}, tls')
+            raise KeyError(f'no doc-test Flow {name!r}; known: {", ".join([*FLOWS, *README_SERVERS])}, tls')
         file, documented, edit, env = FLOWS[name]
         models = dict(MODELS)
         if name == 'rerank':

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.docs.blocks import ROOT, RUNNABLE_LANGUAGES, all_blocks, owned, pages, read_blocks, runnable_chains
-from tests.docs.flows import FLOWS
+from tests.docs.flows import FLOWS, README_SERVERS
 
 sys.path.insert(0, str(ROOT / 'docs' / 'hooks'))
 
@@ -28,7 +28,7 @@ VARIABLE = re.compile(r'\bCLIPSERVE_[A-Z0-9_]*[A-Z0-9]\b')
 REPO_PATH = re.compile(
     r'(?<![\w/.-])((?:tests|benchmarks|deploy|executors|flows|client|fuzz|docs)/(?:[\w.-]+/)*(?:[\w-]+\.\w+)?)'
 )
-CLI_CALL = re.compile(r'python -m clipserve ((?:[a-z][\w-]* ?)*)(.*)')
+CLI_CALL = re.compile(r'(?:python -m |bin/|^\s*|[;&|(]\s*)clipserve ((?:[a-z][\w-]* ?)*)(.*)')  # the command line
 LIMIT = 250
 PLACEHOLDER = re.compile(r'\b[A-Z]{3,}\b')  # flows/NAME.yml, --build-arg VARIANT
 GENERATED = ('benchmarks/results/', 'fuzz/findings')  # written by the benchmarks and the fuzzer, not committed
@@ -47,7 +47,7 @@ def test_every_runnable_block_says_how_it_is_tested(block):
 
 def test_markers_name_known_flows_and_chain_properly():
     chains = runnable_chains()  # raises on a `continue` without a block before it
-    known = set(FLOWS) | {'tls'}
+    known = set(FLOWS) | set(README_SERVERS) | {'tls'}
     assert {c.marker.flow for c in chains if c.marker.flow} <= known
     assert len(chains) >= 25
 
@@ -72,11 +72,13 @@ def test_what_a_block_names_exists(block):
 
 def _check_cli(block, words, rest):
     commands = {tuple(w) for w in cli.subcommands()}
-    command = max((c for c in commands if tuple(words[: len(c)]) == c), key=len, default=())
+    command = max(
+        (c for c in commands if tuple(words[: len(c)]) == c), key=len, default=('serve',)
+    )  # no command: serve
     parser = cli.parser_of(command)
     flags = {s for action in parser._actions for s in action.option_strings}
     for flag in re.findall(r'(?<![\w-])(--?[a-z][\w-]*)', rest):
-        assert flag in flags, f'{block.where}: python -m clipserve {" ".join(command)} has no option {flag}'
+        assert flag in flags, f'{block.where}: clipserve {" ".join(command)} has no option {flag}'
 
 
 @pytest.mark.parametrize('block', [b for b in BLOCKS if b.marker and b.marker.kind == 'yaml-flow'], ids=str)

@@ -1,61 +1,43 @@
-"""The command-line reference: the parsers `python -m clipserve` builds, captured as each subcommand builds them.
-
-`clipserve.__main__.main` dispatches on the first words (`argv[:1] == ['models']`, `argv[:2] == ['export',
-'onnx']`, ...) and each subcommand builds its own argparse parser. The subcommands are read from main's
-source (every such comparison, plus the bare command that serves a Flow); each is then called with
-`ArgumentParser.parse_args` replaced by a function that hands the parser back instead of parsing, so nothing
-runs and the page shows exactly the parser the command uses.
-"""
+"""The command-line reference: every command of `clipserve` (= `python -m clipserve`), read from the one parser
+clipserve/cli builds (its subcommands, and theirs), so the page shows exactly what the command parses."""
 
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
-from contextlib import contextmanager
 from dataclasses import dataclass
-from unittest import mock
 
 from docgen.markdown import page, table
 
 
-class _Captured(Exception):
-    def __init__(self, parser):
-        self.parser = parser
-
-
-@contextmanager
-def _capturing():
-    def capture(parser, *args, **kwargs):
-        raise _Captured(parser)
-
-    with mock.patch.object(argparse.ArgumentParser, 'parse_args', capture):
-        yield
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def subcommands() -> list[tuple[str, ...]]:
-    """The words of every subcommand main() dispatches on, and () for the bare command."""
-    from clipserve import __main__ as cli
+    """The words of every command that runs (the leaves: `export onnx`, not `export`), in the parser's order."""
+    from clipserve.cli import parser
 
-    tree = ast.parse(inspect.getsource(cli.main))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Subscript):
-            for comparator in node.comparators:
-                if isinstance(comparator, ast.List) and all(isinstance(e, ast.Constant) for e in comparator.elts):
-                    found.append(tuple(e.value for e in comparator.elts))
-    return [(), *found]
+    found, todo = [], [((word,), child) for word, child in _subparsers(parser()).items()]
+    while todo:
+        words, command = todo.pop(0)
+        children = [((*words, word), child) for word, child in _subparsers(command).items()]
+        if children:
+            todo[0:0] = children
+        else:
+            found.append(words)
+    return found
 
 
 def parser_of(words: tuple[str, ...]) -> argparse.ArgumentParser:
-    from clipserve import __main__ as cli
+    from clipserve.cli import parser
 
-    with _capturing():
-        try:
-            cli.main(list(words))
-        except _Captured as captured:
-            return captured.parser
-    raise RuntimeError(f'python -m clipserve {" ".join(words)} built no parser')
+    command = parser()
+    for word in words:
+        command = _subparsers(command)[word]
+    return command
 
 
 @dataclass(frozen=True)
@@ -69,12 +51,12 @@ class Option:
 
 
 def options(words: tuple[str, ...]) -> list[Option]:
-    """The documented options of one subcommand (help=SUPPRESS ones are internal and left out)."""
+    """The documented options of one command (help=SUPPRESS ones are internal and left out)."""
     parser = parser_of(words)
     formatter = parser._get_formatter()
     found = []
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or action.help == argparse.SUPPRESS:
             continue
         flags = ', '.join(action.option_strings) or action.dest
         text = formatter._expand_help(action) if action.help else None
@@ -84,9 +66,12 @@ def options(words: tuple[str, ...]) -> list[Option]:
 
 
 def cli_page() -> str:
+    from clipserve.cli import EXIT_CODES
+
     parts = [
-        "Every subcommand of `python -m clipserve` (also the container image's ENTRYPOINT). "
-        '`python -m clipserve COMMAND --help` prints the same.\n'
+        '`clipserve COMMAND` (the console script) and `python -m clipserve COMMAND` are the same command line; '
+        "`clipserve COMMAND --help` prints each section below. clip-as-service's form still works: "
+        '`python -m clipserve flows/torch.yml` serves that Flow. ' + EXIT_CODES[0].upper() + EXIT_CODES[1:] + '\n'
     ]
     for words in subcommands():
         parser = parser_of(words)
@@ -98,8 +83,8 @@ def cli_page() -> str:
         usage = parser.format_usage().strip().removeprefix('usage: ')
         parts += [
             f'## `{parser.prog}`\n',
-            (parser.description or '') + '\n',
+            (parser.description or '').replace('\n', ' ') + '\n',
             f'```text\n{usage}\n```\n',
             table(('option', 'description', 'choices', 'default'), rows),
         ]
-    return page('Command line', 'the argparse parsers of clipserve.__main__ and clipserve.jobs.cli', *parts)
+    return page('Command line', 'the argparse parsers of clipserve.cli', *parts)

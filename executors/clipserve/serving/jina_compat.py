@@ -266,9 +266,12 @@ def serve_flow(path: str) -> None:
 
     from jina import Flow
 
-    from clipserve.serving.flavour import executors_module
+    from clipserve.serving.flavour import executors_module, indexer_module, installed
 
     import_module(executors_module())  # the installed DocArray flavour's executors (flavour.py)
+    import_module(indexer_module())
+    if installed() == 'v1':
+        import_module('clipserve.serving.reranker')  # CrossEncoderRanker: the v1 flavour only
 
     with Flow.load_config(str(Path(path).resolve())) as flow:
         flow.block()
