@@ -24,7 +24,7 @@ import grpc
 from clipserve.errors import InvalidParameterError
 from clipserve.serving import openai_api as api
 from clipserve.serving.limits import refusing
-from clipserve.serving.readiness import LIVE_PATH, READY_PATH
+from clipserve.serving.readiness import HEALTH_PATH, LIVE_PATH, READY_PATH
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 AUTH_ENV = 'CLIPSERVE_AUTH'  # overrides the gateway's `auth` argument: required | optional | off
@@ -34,7 +34,7 @@ OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)
 # Open, but the answer is cut down to its status code: `jina ping` (gRPC) and GET /dry_run (HTTP)
 # would otherwise return the exception of a failed dry run, which names internal addresses.
 REDACTED_GRPC_METHODS = ('/jina.JinaGatewayDryRunRPC/dry_run',)
-OPEN_HTTP_PATHS = (READY_PATH, LIVE_PATH)  # GET only: 200/503 and a one-word body
+OPEN_HTTP_PATHS = (READY_PATH, LIVE_PATH, HEALTH_PATH)  # GET only: 200/503 and a one-word body
 OPEN_PAGES = (api.PLAYGROUND_PATH, api.PLAYGROUND_PATH + '/')  # GET only: a static page
 REDACTED_HTTP_PATHS = ('/dry_run',)  # GET only
 REFUSED = 'missing or wrong authorization token'

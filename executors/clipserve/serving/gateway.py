@@ -52,28 +52,53 @@ from clipserve.serving.jina_gateway import (
     add_grpc_interceptors,
     cancel_calls_with_their_requests,
     cap_stream_prefetch,
+    fastapi_app,
     screen_executor_sends,
     set_grpc_server_option,
     wrap_app_after_setup,
 )
-from clipserve.serving.readiness import LIVE_PATH, READINESS_SERVICE, READY_PATH, FlowReadiness, grpc_addresses
+from clipserve.serving.readiness import (
+    HEALTH_PATH,
+    LIVE_PATH,
+    READINESS_SERVICE,
+    READY_PATH,
+    FlowReadiness,
+    grpc_addresses,
+)
 from clipserve.serving.replica_room import ReplicaRoom
+from clipserve.serving.service_routes import METRICS_PATH, ServiceRoutes
 from clipserve.serving.statuses import ExecutorErrorStatus
 
 install_grpc_server_defaults()  # before Jina builds the gateway's gRPC server (jina_compat.py)
 cancel_calls_with_their_requests()  # a request cancelled at the gateway stops at the executor too (jina_gateway.py)
 
 # never counted nor refused for load (GET/HEAD): readiness, liveness, Jina's own health check, the page
-UNCOUNTED_PATHS = OPEN_HTTP_PATHS + OPEN_PAGES + ('/',)
+UNCOUNTED_PATHS = OPEN_HTTP_PATHS + OPEN_PAGES + ('/', METRICS_PATH, '/openapi.json', '/docs', '/redoc')
 LIMIT_NAMES = tuple(s.name for s in limits_.GATEWAY_SETTINGS)
+READINESS_PATHS = (READY_PATH, HEALTH_PATH, LIVE_PATH)
 
 
 def uncounted(scope) -> bool:
     return scope['type'] == 'http' and scope.get('method') in ('GET', 'HEAD') and scope.get('path') in UNCOUNTED_PATHS
 
 
+def open_to_all(host: str | None, token: str | None, ports) -> str | None:
+    """The line a gateway logs at start when anyone who can reach it may use it: it listens beyond loopback
+    and asks no token."""
+    host = host or '0.0.0.0'  # Jina's default
+    if token or host in ('127.0.0.1', 'localhost', '::1') or host.startswith('127.'):
+        return None
+    where = 'every address' if host in ('0.0.0.0', '::', '') else host
+    ports = ', '.join(str(p) for p in (ports if isinstance(ports, (list, tuple)) else [ports]) if p)
+    return (
+        f'OPEN: the gateway listens on {where} (port {ports}) and asks no token: anyone who can reach it can use '
+        'it. Set a token (clipserve serve --token, or flows/auth.yml with CLIPSERVE_AUTH_TOKEN) or listen on '
+        'loopback only (--host 127.0.0.1; docs/security.md)'
+    )
+
+
 class ReadinessMiddleware:
-    """ASGI: answers GET /readyz (200 ready, 503 not) and GET /livez (200) before Jina's app sees them."""
+    """ASGI: answers GET /readyz and /health (200 ready, 503 not) and GET /livez (200) before Jina's app."""
 
     def __init__(self, app, readiness: FlowReadiness):
         self.app = app
@@ -81,7 +106,7 @@ class ReadinessMiddleware:
 
     async def __call__(self, scope, receive, send):
         path = scope.get('path')
-        if scope['type'] != 'http' or scope.get('method') not in ('GET', 'HEAD') or path not in (READY_PATH, LIVE_PATH):
+        if scope['type'] != 'http' or scope.get('method') not in ('GET', 'HEAD') or path not in READINESS_PATHS:
             return await self.app(scope, receive, send)
         ok = path == LIVE_PATH or self.readiness.ready
         word = ('live' if path == LIVE_PATH else 'ready') if ok else 'not ready'
@@ -169,6 +194,11 @@ class ReadyGateway(CompositeGateway):
             self._install(server)
         shown = ', '.join(f'{name}={self.limits[name]}' for name in LIMIT_NAMES)
         self.logger.info(f'gateway limits: {shown}')
+        warning = open_to_all(
+            getattr(self.runtime_args, 'host', None), self.token, getattr(self.runtime_args, 'port', None)
+        )
+        if warning:
+            self.logger.warning(warning)
 
     def _token(self) -> str | None:
         """The token to check; None: none (ClipServeGateway checks one)."""
@@ -198,9 +228,12 @@ class ReadyGateway(CompositeGateway):
         """The ASGI stack in front of Jina's app, outermost first: body size, token, admission, readiness,
         the OpenAI routes (HTTP servers), then Jina's app with statuses by error kind."""
         app = ExecutorErrorStatus(jina_app)
-        if self.openai is not None and isinstance(server, HTTPServer):
-            flow, metrics, playground = self.openai
-            app = v1_routes.OpenAIRoutes(app, flow, self.limits, metrics, playground, self.logger)
+        if isinstance(server, HTTPServer):
+            flow, metrics, playground = self.openai or (None, None, False)
+            if self.openai is not None:
+                app = v1_routes.OpenAIRoutes(app, flow, self.limits, metrics, playground, self.logger)
+            registry = getattr(self, 'metrics_registry', None)
+            app = ServiceRoutes(app, self.readiness, flow, registry, playground, fastapi_app(jina_app))
         app = ReadinessMiddleware(app, self.readiness)
         peer_cap = self.limits.max_stream_requests
         app = limits_.Admission(app, self.in_flight, uncounted, peer_cap, v1_routes.on_arrival)

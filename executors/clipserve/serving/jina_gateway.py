@@ -59,6 +59,15 @@ def wrap_app_after_setup(server, wrap, ws_max_size: int | None = None) -> None:
     server.setup_server = setup_server
 
 
+def fastapi_app(app, depth: int = 6):
+    """Jina's FastAPI app inside the ASGI app uvicorn loaded (uvicorn may wrap it: `.app` links), or None."""
+    for _ in range(depth):
+        if app is None or (hasattr(app, 'openapi') and hasattr(app, 'openapi_url')):
+            return app
+        app = getattr(app, 'app', None)
+    return None
+
+
 PREFETCH_METADATA = '__prefetch__'
 _Metadatum = collections.namedtuple('_Metadatum', ['key', 'value'])  # as grpc.aio's invocation metadata items
 

@@ -24,6 +24,7 @@ from clipserve.serving.jina_compat import post_to_executor
 
 READY_PATH = '/readyz'  # HTTP GET: 200 ready, 503 not ready
 LIVE_PATH = '/livez'  # HTTP GET: 200 while the gateway answers
+HEALTH_PATH = '/health'  # HTTP GET: the same as READY_PATH (TEI's and Infinity's name)
 READINESS_SERVICE = 'readiness'  # gRPC health service name; '' (Jina's) stays liveness
 
 logger = logging.getLogger(__name__)
