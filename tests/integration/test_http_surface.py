@@ -9,6 +9,7 @@ flows/multi-protocol.yml as shipped: both run as operators run them (`jina flow 
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 import requests
 import yaml
@@ -16,7 +17,6 @@ import yaml
 from ..transformers_folders import cross_encoder_checkpoint
 from .conftest import ROOT, TINY, FlowProcess, data_uri, free_port, make_image
 
-jsonschema = pytest.importorskip('jsonschema')
 pytest.importorskip('transformers')
 
 
