@@ -29,7 +29,7 @@ GATEWAY_ARGUMENTS = {
     'auth': (
         'CLIPSERVE_AUTH',
         '`ClipServeGateway` only: `required` (no token, no start), `optional` (checked when '
-        '`CLIPSERVE_AUTH_TOKEN` is set) or `off` (logged at every start); the variable overrides the argument.',
+        '`CLIPSERVE_AUTH_TOKEN` is set) or `off` (logged at every start); the variable where the argument is not given.',
     ),
 }
 
@@ -39,7 +39,10 @@ OTHER_VARIABLES = {
         '`ClipServeGateway` (`flows/auth.yml`), `clipserve serve --token`; `clipserve_client`, `clipserve embed --server`',
         'The shared token every request must carry; the clients send it by default (a `--token` or `token=` wins).',
     ),
-    'CLIPSERVE_AUTH': ('`ClipServeGateway`', 'Overrides the gateway argument `auth`: `required`, `optional`, `off`.'),
+    'CLIPSERVE_AUTH': (
+        '`ClipServeGateway`',
+        'The gateway argument `auth` where not given: `required`, `optional`, `off`.',
+    ),
     'CLIPSERVE_CACHE': (
         'every backend, `python -m clipserve export`',
         'The cache of weights, tokenizers, ONNX '

@@ -27,7 +27,7 @@ from clipserve.serving.limits import refusing
 from clipserve.serving.readiness import HEALTH_PATH, LIVE_PATH, READY_PATH
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
-AUTH_ENV = 'CLIPSERVE_AUTH'  # overrides the gateway's `auth` argument: required | optional | off
+AUTH_ENV = 'CLIPSERVE_AUTH'  # the gateway's `auth` where its argument is not given: required | optional | off
 AUTH_MODES = ('required', 'optional', 'off')
 # Open without the token: the standard gRPC health service (SERVING / NOT_SERVING only).
 OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)
@@ -51,9 +51,12 @@ def token_matches(presented: str | None, token: str) -> bool:
     return hmac.compare_digest(presented.encode(), token.encode())
 
 
-def auth_mode(configured: str, environ=os.environ) -> str:
-    """The effective mode: `CLIPSERVE_AUTH` when set, else the gateway's `auth` argument."""
-    mode = str(environ.get(AUTH_ENV) or configured).strip().lower()
+def auth_mode(configured: str | None, environ=os.environ) -> str:
+    """The effective mode: the gateway's `auth` argument when given (an argument beats the environment, as for
+    every setting), else `CLIPSERVE_AUTH`, else `required`."""
+    from clipserve.config.parameters import env_or_default
+
+    mode = str(env_or_default(configured, None) or environ.get(AUTH_ENV) or 'required').strip().lower()
     if mode not in AUTH_MODES:
         raise AuthConfigError(
             f'auth must be one of {", ".join(AUTH_MODES)} (gateway argument auth or {AUTH_ENV}), got {mode!r}'

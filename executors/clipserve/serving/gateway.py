@@ -264,10 +264,10 @@ class ClipServeGateway(ReadyGateway):
     """ReadyGateway with the token check installed on each protocol's server (auth.py).
 
     `auth`: `required` (the default: no token, no start), `optional` (checked when the token is set)
-    or `off`; `CLIPSERVE_AUTH` in the environment overrides it.
+    or `off`; where the argument is not given, `CLIPSERVE_AUTH` in the environment.
     """
 
-    def __init__(self, auth: str = 'required', **kwargs):
+    def __init__(self, auth: str | None = None, **kwargs):
         self._auth = auth
         super().__init__(**kwargs)
         if self.token:
