@@ -25,6 +25,8 @@ def start(tmp_path, *flags, env=None) -> tuple[subprocess.Popen, int, int]:
     command = [str(BIN / 'clipserve'), 'serve', '--model', TINY, '--port', str(http), '--grpc-port', str(grpc_port)]
     environ = {**os.environ, 'PATH': f'{BIN}{os.pathsep}{os.environ.get("PATH", "")}', **(env or {})}
     environ.pop('CLIPSERVE_AUTH_TOKEN', None)
+    environ.pop('JINA_MP_START_METHOD', None)  # the tests' setting (tests/conftest.py), not a user's
+    environ['JINA_LOG_LEVEL'] = 'INFO'  # Jina's default, which the tests lower
     log = open(tmp_path / 'serve.log', 'a')
     process = subprocess.Popen(
         [*command, *flags], cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -92,3 +94,14 @@ def test_a_token_is_asked_of_every_call(tmp_path):
         assert requests.post(url, json={'input': 'a'}, headers=with_token, timeout=60).status_code == 200
     finally:
         stop_process(process)
+
+
+def test_the_start_is_quiet_and_says_where_it_listens(served):
+    """No third-party warnings (pkg_resources, Jina's `docs` annotation, open_clip's root-logger line), no OPEN
+    warning on loopback, and one ready line with the addresses and the token's state."""
+    log = (served['folder'] / 'serve.log').read_text()
+    for noise in ('pkg_resources', '`docs` annotation', 'WARNING:root', 'OPEN:'):
+        assert noise not in log, noise
+    ready = ' '.join(log[log.index('Flow ready:') :].split())[:400]
+    assert f'gRPC 127.0.0.1:{served["grpc"]}' in ready and f'HTTP 127.0.0.1:{served["http"]}' in ready
+    assert 'no token' in ready

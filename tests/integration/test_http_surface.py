@@ -166,5 +166,5 @@ def test_a_gateway_on_loopback_or_with_a_token_stays_quiet():
     from clipserve.serving.gateway import open_to_all
 
     assert open_to_all('127.0.0.1', None, [1]) is None and open_to_all('0.0.0.0', 'secret', [1]) is None
-    assert 'every address (port 51000, 51001)' in open_to_all(None, None, [51000, 51001])
+    assert 'every address (ports 51000, 51001)' in open_to_all(None, None, [51000, 51001])
     assert 'listens on 10.0.0.5' in open_to_all('10.0.0.5', '', 8080)

@@ -119,10 +119,30 @@ def serve_yaml(path: Path, args) -> int:
         )
     if args.token:
         os.environ[TOKEN_ENV] = args.token  # the gateway process reads it (serving/auth.py)
+    quiet_third_party_warnings()
     import clipserve.serving.gateway  # noqa: F401  (defines clipserve's gateways for the YAML)
 
     serve_flow(str(path))
     return 0
+
+
+# warnings other packages print at every start that say nothing about this server, each (message, category):
+# jina-hubble-sdk imports pkg_resources (setuptools < 81 is pinned for it and for clip-client)
+THIRD_PARTY_WARNINGS = (('pkg_resources is deprecated as an API', 'UserWarning'),)
+
+
+def quiet_third_party_warnings() -> None:
+    """Those warnings ignored here and, through PYTHONWARNINGS, in the Flow's processes (started fresh)."""
+    import builtins
+    import re
+    import warnings
+
+    for message, category in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings('ignore', message=re.escape(message), category=getattr(builtins, category))
+    given = [os.environ.get('PYTHONWARNINGS', '')]
+    os.environ['PYTHONWARNINGS'] = ','.join(
+        [*filter(None, given), *(f'ignore:{message}:{category}' for message, category in THIRD_PARTY_WARNINGS)]
+    )
 
 
 def flow_config(args) -> dict:

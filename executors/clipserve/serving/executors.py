@@ -11,9 +11,10 @@ expect; `/rank` (and `/rank/<model>`) scores matches, so single-executor legacy 
 CLIPRanker: `/rank` as a separate executor, for Flows where matches come from an indexer. Unlike
 CLIPEncoder's /rank it keeps embeddings documents already carry (`reuse_embeddings=false` re-encodes),
 so re-ranking N stored matches costs one query encode.
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here: Jina reads the endpoints' `docs` annotations as types, and warns
+at every start about string ones.
+"""
 
 from docarray import DocumentArray
 from jina import requests

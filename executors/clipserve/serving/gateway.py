@@ -82,6 +82,18 @@ def uncounted(scope) -> bool:
     return scope['type'] == 'http' and scope.get('method') in ('GET', 'HEAD') and scope.get('path') in UNCOUNTED_PATHS
 
 
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else ([value] if value is not None else [])
+
+
+def listening_summary(host: str | None, protocols, ports, token: str | None) -> str:
+    """`gRPC 0.0.0.0:51000, HTTP 0.0.0.0:51001; no token` (the Flow's ready line ends with it)."""
+    names = {'GRPC': 'gRPC', 'HTTP': 'HTTP', 'WEBSOCKET': 'WebSocket'}
+    labels = [names.get(str(getattr(p, 'name', p)).upper(), str(p)) for p in _as_list(protocols)]
+    where = ', '.join(f'{label} {host or "0.0.0.0"}:{port}' for label, port in zip(labels, _as_list(ports)))
+    return f'{where}; {"token required" if token else "no token"}'
+
+
 def open_to_all(host: str | None, token: str | None, ports) -> str | None:
     """The line a gateway logs at start when anyone who can reach it may use it: it listens beyond loopback
     and asks no token."""
@@ -89,9 +101,10 @@ def open_to_all(host: str | None, token: str | None, ports) -> str | None:
     if token or host in ('127.0.0.1', 'localhost', '::1') or host.startswith('127.'):
         return None
     where = 'every address' if host in ('0.0.0.0', '::', '') else host
-    ports = ', '.join(str(p) for p in (ports if isinstance(ports, (list, tuple)) else [ports]) if p)
+    listed = [str(p) for p in _as_list(ports) if p]
+    ports = ('ports ' if len(listed) > 1 else 'port ') + ', '.join(listed)
     return (
-        f'OPEN: the gateway listens on {where} (port {ports}) and asks no token: anyone who can reach it can use '
+        f'OPEN: the gateway listens on {where} ({ports}) and asks no token: anyone who can reach it can use '
         'it. Set a token (clipserve serve --token, or flows/auth.yml with CLIPSERVE_AUTH_TOKEN) or listen on '
         'loopback only (--host 127.0.0.1; docs/security.md)'
     )
@@ -194,11 +207,12 @@ class ReadyGateway(CompositeGateway):
             self._install(server)
         shown = ', '.join(f'{name}={self.limits[name]}' for name in LIMIT_NAMES)
         self.logger.info(f'gateway limits: {shown}')
-        warning = open_to_all(
-            getattr(self.runtime_args, 'host', None), self.token, getattr(self.runtime_args, 'port', None)
-        )
+        host, ports = getattr(self.runtime_args, 'host', None), getattr(self.runtime_args, 'port', None)
+        warning = open_to_all(host, self.token, ports)
         if warning:
             self.logger.warning(warning)
+        protocols = getattr(self.runtime_args, 'protocol', None)
+        self.readiness.summary = listening_summary(host, protocols, ports, self.token)
 
     def _token(self) -> str | None:
         """The token to check; None: none (ClipServeGateway checks one)."""

@@ -93,6 +93,7 @@ class FlowReadiness:
         probe=None,
     ):
         self.deployments = deployments
+        self.summary = ''  # where the Flow listens and whether it asks a token: the ready line's end (gateway.py)
         self.interval = interval
         self.timeout = timeout
         self.busy_allowance = busy_allowance
@@ -151,7 +152,8 @@ class FlowReadiness:
     async def update(self, verdict: Verdict) -> None:
         if verdict.ready != self.verdict.ready or verdict.reasons != self.verdict.reasons:
             if verdict.ready:
-                self.log.info(f'Flow ready: every copy of {len(self.deployments)} executor(s) answers')
+                where = f'; {self.summary}' if self.summary else ''
+                self.log.info(f'Flow ready: every copy of {len(self.deployments)} executor(s) answers{where}')
             else:
                 self.log.info('Flow not ready: ' + '; '.join(verdict.reasons))
         changed = verdict.ready != self.verdict.ready

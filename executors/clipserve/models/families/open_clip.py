@@ -233,6 +233,29 @@ def _require_text_tower_runtime(resolved: ResolvedModel) -> None:
         )
 
 
+@contextlib.contextmanager
+def _without_random_init_notice():
+    """open_clip logs "No pretrained weights loaded ... Model initialized randomly" on the root logger (and so
+    configures it, printing `WARNING:root:...`) whenever it builds a model without weights: here that is on
+    purpose (`::random`, or a checkpoint loaded right after), so that one record is dropped and the root logger
+    left as it was."""
+    root = logging.getLogger()
+
+    def notice(record) -> bool:
+        return not str(record.msg).startswith('No pretrained weights loaded')
+
+    placeholder = logging.NullHandler() if not root.handlers else None
+    if placeholder is not None:
+        root.addHandler(placeholder)  # a handler there: logging.warning() does not call basicConfig()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+        if placeholder is not None:
+            root.removeHandler(placeholder)
+
+
 def build(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32') -> torch.nn.Module:
     """An eval-mode open_clip model on `device`, in `precision`, with the weights `resolved` names.
 
@@ -245,14 +268,14 @@ def build(resolved: ResolvedModel, device: str = 'cpu', precision: str = 'fp32')
     if checkpoint is None:
         # Seeded, and without disturbing the caller's random state: the same name gives the
         # same weights in every process, which is what cross-backend parity tests rely on.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _without_random_init_notice():
             torch.manual_seed(RANDOM_SEED)
             model = open_clip.create_model(
                 resolved.arch, pretrained=None, precision=PRECISIONS[precision], device=device, **kwargs
             )
     else:
         try:
-            with _parameters_on_meta():
+            with _parameters_on_meta(), _without_random_init_notice():
                 # device=None: leave the (meta) parameters where they are; precision after loading
                 model = open_clip.create_model(resolved.arch, pretrained=None, precision='fp32', device=None, **kwargs)
             _load_in_place(model, checkpoint)
