@@ -102,7 +102,9 @@ def read_output(folder: Path) -> dict:
         'img': np.concatenate([np.load(f) for f in cat('img_emb', 'npy')]) if cat('img_emb', 'npy') else None,
         'text': np.concatenate([np.load(f) for f in cat('text_emb', 'npy')]) if cat('text_emb', 'npy') else None,
         'metadata': pd.concat([pd.read_parquet(f) for f in cat('metadata', 'parquet')], ignore_index=True),
-        'errors': pd.concat([pd.read_parquet(f) for f in cat('errors', 'parquet')], ignore_index=True),
+        'errors': pd.concat([pd.read_parquet(f) for f in cat('errors', 'parquet')], ignore_index=True)
+        if cat('errors', 'parquet')
+        else pd.DataFrame(columns=['image_path', 'url', 'caption', 'position', 'width', 'height', 'error']),
     }
     return out
 

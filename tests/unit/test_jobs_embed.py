@@ -98,12 +98,30 @@ def test_a_shard_left_incomplete_is_redone_and_only_it(embedded, collection, tmp
     assert files_of(out) == files_of(embedded[0])
 
 
-def test_a_folder_of_another_job_is_refused_with_what_differs(embedded, collection, capsys):
+def test_a_folder_of_another_job_is_refused_naming_the_flag_before_the_model_loads(embedded, collection, capsys):
     with pytest.raises(SystemExit) as stopped:
         embed([str(collection), '--output', str(embedded[0]), '--shard-size', '16', '--output-dtype', 'fp32', *FAST])
     assert stopped.value.code == 2
     message = capsys.readouterr().err
-    assert 'output_dtype' in message and 'another --output' in message
+    assert "--output-dtype: 'fp16' then, 'fp32' now" in message and 'another --output' in message
+    assert 'loading' not in message  # refused before the model was loaded
+    with pytest.raises(SystemExit):
+        embed([str(collection), '--output', str(embedded[0]), '--shard-size', '8', '--model', TINY, '--quiet'])
+    assert '--shard-size: 16 then, 8 now' in capsys.readouterr().err
+
+
+def test_only_the_folders_a_job_writes_exist(tmp_path):
+    """Images alone: no text_emb/; no failed row: no errors/ (an empty parquet file per shard was noise)."""
+    from ..bulk_collection import image_bytes
+
+    folder = tmp_path / 'images'
+    folder.mkdir()
+    for i in range(3):
+        (folder / f'{i}.jpg').write_bytes(image_bytes(i))
+    out = tmp_path / 'out'
+    summary = embed([str(folder), '--output', str(out), *FAST])
+    assert summary['embedded'] == 3 and summary['load_seconds'] > 0
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ['img_emb', 'metadata']
 
 
 def test_a_list_of_paths_with_captions_relative_to_the_list(collection, embedded, tmp_path):

@@ -60,9 +60,10 @@ def test_a_shard_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
             raise OSError('No space left on device')
         return real(rows)
 
+    failed = [metadata_row(8, 'https://example.com/b.jpg', 'b', None, None, error='bad image')]
     monkeypatch.setattr(writers, '_parquet', failing)
-    with pytest.raises(OSError):
-        writer.write(3, rows, [], np.ones((1, 4), np.float32), None)
+    with pytest.raises(OSError):  # the errors file is staged, then the metadata fails
+        writer.write(3, rows, failed, np.ones((1, 4), np.float32), None)
     assert not writer.done(3)
     assert [p for p in tmp_path.rglob('*') if p.is_file()] == []  # nothing half-written, no temporary left
     monkeypatch.setattr(writers, '_parquet', real)

@@ -13,12 +13,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from clipserve.jobs.bridge import BACKENDS
 from clipserve.jobs.job import MODALITIES, JobOptions, prepare
 from clipserve.jobs.readers import FORMATS, InputError
-from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest
+from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest, check_rerun
 
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 OLD_TOKEN_ENV = 'CLIPSERVE_TOKEN'  # this command's name for it before 0.1.0
@@ -193,6 +194,8 @@ def run(args) -> dict:
     lock = None
     try:
         job = prepare(options)
+        if not options.server:  # a folder of another job is refused before the model loads
+            check_rerun(Path(options.output), job.manifest(options.model, None))
         lock = FolderLock(Path(options.output))
         job.writer.prepare()
         if options.engine == 'ray':
@@ -251,6 +254,7 @@ def _run_here(job) -> dict:
     from clipserve.jobs.server_client import ServerError
 
     o = job.options
+    started = time.perf_counter()
     try:
         if o.server:
             embedder = ServerEmbedder(
@@ -258,6 +262,8 @@ def _run_here(job) -> dict:
             )
             name = embedder.description
         else:
+            if not o.quiet:
+                print(f'clipserve embed: loading {o.model} on {o.backend} ...', file=sys.stderr)
             embedder = ModelEmbedder(
                 o.backend,
                 o.model,
@@ -271,6 +277,7 @@ def _run_here(job) -> dict:
             name = o.model
     except ServerError as e:
         _fail(str(e))
+    load_seconds = time.perf_counter() - started
     try:
         check_manifest(Path(o.output), job.manifest(name, embedder.precision))
         pending = job.pending
@@ -288,7 +295,8 @@ def _run_here(job) -> dict:
             progress.close()
             _fail(f'{e} (the shards already written are kept; rerun to continue)')
         progress.close()
-        return progress.summary() | {'engine': 'local', 'output': o.output, 'model': embedder.description}
+        summary = progress.summary() | {'engine': 'local', 'output': o.output, 'model': embedder.description}
+        return summary | {'load_seconds': round(load_seconds, 3)}
     finally:
         embedder.close()
 
@@ -296,7 +304,9 @@ def _run_here(job) -> dict:
 def _report(summary: dict, as_json: bool) -> None:
     print(
         f'clipserve embed: {summary["embedded"]} rows embedded, {summary["errors"]} failed (errors/), '
-        f'{summary["skipped_rows"]} done before; {summary["seconds"]:.1f} s, '
+        f'{summary["skipped_rows"]} done before; {summary["seconds"]:.1f} s'
+        + (f' (+ {summary["load_seconds"]:.1f} s loading the model)' if 'load_seconds' in summary else '')
+        + ', '
         f'{summary["images_per_second"]:.1f} images/s ({summary["engine"]})',
         file=sys.stderr,
     )

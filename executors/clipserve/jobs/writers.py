@@ -3,7 +3,8 @@
     DIR/img_emb/img_emb_{i}.npy        float16 or float32 [n_i, dim], L2-normalised unless asked otherwise
     DIR/text_emb/text_emb_{i}.npy      the captions' embeddings, same rows
     DIR/metadata/metadata_{i}.parquet  image_path, url, caption, position, width, height, error: same rows
-    DIR/errors/errors_{i}.parquet      the rows of part i that could not be embedded, with their error
+    DIR/errors/errors_{i}.parquet      the rows of part i that could not be embedded, with their error (only
+                                       for parts with such rows)
     DIR/embed_job.json                 what produced the folder (input, model, precision, parts)
 
 Row k of shard i is the same item in the three aligned files, which is what autofaiss and clip-retrieval's
@@ -64,13 +65,16 @@ class ShardWriter:
         return self.folder / kind / f'{kind}_{str(index).zfill(self.width)}{suffix}'
 
     def done(self, index: int) -> bool:
-        needed = ['metadata', 'errors'] + ['img_emb'] * self.images + ['text_emb'] * self.texts
+        """Shard `index` is complete: its metadata is written last (an errors file exists only with errors)."""
+        needed = ['metadata'] + ['img_emb'] * self.images + ['text_emb'] * self.texts
         return all(self.path(kind, index).is_file() for kind in needed)
 
     def prepare(self) -> None:
-        """Create the folders and remove temporary files a killed run left behind."""
-        for kind in FOLDERS:
+        """Create the folders this job writes (not text_emb/ for images alone, errors/ when a row fails) and
+        remove temporary files a killed run left behind."""
+        for kind in ['metadata'] + ['img_emb'] * self.images + ['text_emb'] * self.texts:
             (self.folder / kind).mkdir(parents=True, exist_ok=True)
+        for kind in FOLDERS:
             for leftover in (self.folder / kind).glob('.*.tmp'):
                 leftover.unlink(missing_ok=True)
 
@@ -95,7 +99,9 @@ class ShardWriter:
                 staged.append(self._stage(self.path('img_emb', index), _npy(img_emb.astype(self.dtype))))
             if self.texts:
                 staged.append(self._stage(self.path('text_emb', index), _npy(text_emb.astype(self.dtype))))
-            staged.append(self._stage(self.path('errors', index), _parquet(errors)))
+            if errors:  # a shard whose rows all worked has no errors file
+                self.path('errors', index).parent.mkdir(exist_ok=True)
+                staged.append(self._stage(self.path('errors', index), _parquet(errors)))
             staged.append(self._stage(self.path('metadata', index), _parquet(metadata)))  # last: marks it done
             for temporary, final in staged:
                 os.replace(temporary, final)
@@ -170,18 +176,58 @@ def check_manifest(folder: Path, job: dict) -> None:
             previous = json.loads(path.read_text())
         except ValueError as e:
             raise OutputError(f'{path} is not valid JSON ({e}); remove it or choose another --output') from None
-        changed = [k for k in SAME_JOB_KEYS if previous.get(k) != job.get(k)]
-        if changed:
-            detail = '; '.join(f'{k}: {previous.get(k)!r} then, {job.get(k)!r} now' for k in changed)
-            raise OutputError(
-                f'{folder} holds the output of another job ({detail}); a rerun continues only the same job: '
-                'use another --output folder, or delete this one to start over'
-            )
+        refuse_another_job(folder, previous, job)
         return
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f'.{MANIFEST}.tmp'
     temporary.write_text(json.dumps(job, indent=1))
     os.replace(temporary, path)
+
+
+# what the user changed, for each key of the job's description
+CHANGED_BY = {
+    'input': 'INPUT (another collection)',
+    'format': '--input-format',
+    'fingerprint': "the input's files (added, removed or changed since)",
+    'parts': "the input's files (another number of parts)",
+    'rows': "the input's rows (another number)",
+    'shard_size': '--shard-size',
+    'modality': '--modality (or captions found, or gone)',
+    'model': '--model',
+    'precision': '--dtype (or --backend, or another CPU/GPU)',
+    'output_dtype': '--output-dtype',
+    'normalize': '--no-normalize',
+}
+
+
+def refuse_another_job(folder: Path, previous: dict, job: dict, skip: tuple[str, ...] = ()) -> None:
+    """An OutputError naming the flags (or the input) that changed since the folder's job, if any did."""
+    changed = [k for k in SAME_JOB_KEYS if k not in skip and previous.get(k) != job.get(k)]
+    if 'parts' in changed and previous.get('shard_size') != job.get('shard_size'):
+        changed[changed.index('parts')] = 'shard_size'  # the parts are the input cut by --shard-size
+    if changed:
+        detail = '; '.join(
+            f'{CHANGED_BY.get(k, k)}: {previous.get(k)!r} then, {job.get(k)!r} now'
+            if k not in ('fingerprint',)
+            else CHANGED_BY[k]
+            for k in changed
+        )
+        raise OutputError(
+            f'{folder} holds the output of another job ({detail}); a rerun continues only the same job: '
+            'use another --output folder, or delete this one to start over'
+        )
+
+
+def check_rerun(folder: Path, job: dict) -> None:
+    """Before the model loads: a rerun into a folder of another job is refused now (the precision, known once
+    the model is loaded, is checked by check_manifest)."""
+    path = folder / MANIFEST
+    if path.is_file():
+        try:
+            previous = json.loads(path.read_text())
+        except ValueError:
+            return  # check_manifest says what is wrong with it
+        refuse_another_job(folder, previous, job, skip=('precision',))
 
 
 class FolderLock:
