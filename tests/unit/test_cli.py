@@ -264,3 +264,14 @@ def test_clip_as_service_forms_still_serve_a_yaml(capsys):
     """`python -m clipserve torch.yml` (no command) is `serve torch.yml`; shown with --print-flow."""
     status, out, _ = run_cli('torch.yml', '--print-flow', capsys=capsys)
     assert status == 0 and out == (ROOT / 'flows' / 'torch.yml').read_text()
+
+
+def test_a_port_in_use_is_said_before_anything_starts(capsys):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(('127.0.0.1', 0))
+        held.listen()
+        port = held.getsockname()[1]
+        status, _, err = run_cli('serve', '--model', TINY, '--host', '127.0.0.1', '--port', str(port), capsys=capsys)
+    assert status == 2 and err.count('\n') == 1 and f'port {port} on 127.0.0.1 is not free' in err

@@ -93,6 +93,7 @@ def run(args) -> int:
     if args.print_flow:
         print(text, end='')
         return 0
+    check_ports_free(config['gateway']['host'], config['gateway']['port'])
     with tempfile.TemporaryDirectory(prefix='clipserve-flow-') as folder:
         path = Path(folder) / 'flow.yml'
         path.write_text(text, encoding='utf-8')
@@ -196,6 +197,21 @@ def flow_config(args) -> dict:
     if args.reranker:
         executors.append(_executor('reranker', 'CrossEncoderRanker', {'name': args.reranker}))
     return {'jtype': 'Flow', 'gateway': gateway, 'executors': executors}
+
+
+def check_ports_free(host: str, ports: list[int]) -> None:
+    """A port another process holds is said now, in one line (Jina would fail later, at length)."""
+    import socket
+
+    for port in ports:
+        family = socket.AF_INET6 if ':' in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                raise UsageError(
+                    f'port {port} on {host} is not free ({error.strerror}): is another server there?'
+                ) from None
 
 
 def _local(name: str | None) -> str | None:
