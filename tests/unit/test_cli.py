@@ -231,6 +231,7 @@ def test_a_token_an_index_a_reranker_and_replicas(capsys, tmp_path):
         (['--model-path', '/no/such/export'], "--model-path '/no/such/export': no such folder"),
         (['--reranker', './no-such-reranker'], 'no such folder'),
         (['torch.yml', '--model', TINY], '--model: these flags build a Flow'),
+        (['torch.yml', '--port', '8080', '--host', '127.0.0.1'], '--port, --host: these flags build a Flow'),
         (['no-such-flow.yml'], 'no Flow file'),
     ],
 )

@@ -25,7 +25,11 @@ PROTOCOLS = ('grpc', 'http', 'websocket')
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'  # the gateway's (serving/auth.py) and the clients' name
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 # the flags that build a Flow: with a YAML they would be ignored, so they are refused instead
-BUILD_FLAGS = ('model', 'backend', 'dtype', 'device', 'model_path', 'replicas', 'index', 'reranker', 'protocols')
+BUILD_FLAGS = (
+    *('model', 'backend', 'dtype', 'device', 'model_path', 'replicas', 'index', 'reranker'),
+    *('protocols', 'port', 'grpc_port', 'websocket_port', 'host'),
+)
+DEFAULT_PORTS = {'grpc': 51000, 'http': 51001, 'websocket': 51002}  # the shipped Flows' ports
 
 
 def add_parser(commands) -> None:
@@ -55,11 +59,11 @@ def add_parser(commands) -> None:
     m.add_argument('--index', metavar='PATH', help='also index and search: the embedded index folder (created)')
     m.add_argument('--reranker', metavar='NAME', help='also rerank: a cross-encoder hub id or folder')
     g = p.add_argument_group('the gateway')
-    g.add_argument('--port', type=int, default=51001, help='HTTP port (default %(default)s)')
-    g.add_argument('--grpc-port', type=int, default=51000, help='gRPC port (default %(default)s)')
-    g.add_argument('--websocket-port', type=int, default=51002, help='WebSocket port (default %(default)s)')
+    g.add_argument('--port', type=int, help=f'HTTP port (default {DEFAULT_PORTS["http"]})')
+    g.add_argument('--grpc-port', type=int, help=f'gRPC port (default {DEFAULT_PORTS["grpc"]})')
+    g.add_argument('--websocket-port', type=int, help=f'WebSocket port (default {DEFAULT_PORTS["websocket"]})')
     g.add_argument('--protocols', help='comma separated, of grpc, http, websocket (default grpc,http)')
-    g.add_argument('--host', default='0.0.0.0', help='the address the gateway listens on (default %(default)s)')
+    g.add_argument('--host', help='the address the gateway listens on (default 0.0.0.0: every address)')
     g.add_argument('--token', help=f'require this token of every request (default: {TOKEN_ENV}, else none)')
     p.add_argument('--print-flow', action='store_true', help='print the Flow YAML the flags build, and exit')
     p.set_defaults(run=run)
@@ -155,7 +159,8 @@ def flow_config(args) -> dict:
     unknown = sorted(set(protocols) - set(PROTOCOLS))
     if not protocols or unknown or len(set(protocols)) != len(protocols):
         raise UsageError(f'--protocols {args.protocols!r}: give each of {", ".join(PROTOCOLS)} at most once')
-    ports = {'grpc': args.grpc_port, 'http': args.port, 'websocket': args.websocket_port}
+    given = {'grpc': args.grpc_port, 'http': args.port, 'websocket': args.websocket_port}
+    ports = {name: DEFAULT_PORTS[name] if port is None else port for name, port in given.items()}
     chosen = [ports[p] for p in protocols]
     if any(not 0 < port < 65536 for port in chosen) or len(set(chosen)) != len(chosen):
         raise UsageError(f'ports {chosen} for {", ".join(protocols)}: each from 1 to 65535, and different')
@@ -174,7 +179,7 @@ def flow_config(args) -> dict:
         'py_modules': ['clipserve.serving.gateway'],
         'protocol': protocols,
         'port': chosen,
-        'host': args.host,
+        'host': args.host or '0.0.0.0',
     }
     if token:
         gateway['uses_with'] = {'auth': 'required'}
