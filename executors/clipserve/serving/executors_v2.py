@@ -43,7 +43,7 @@ class CLIPExecutorBase(CLIPReplica):
         self.encoder.encode(views, drop_images, skip, count_tokens, deadline=deadline)
 
     @requests(on=INFO_ENDPOINT)
-    def info(self, docs: ClipDocs, **kwargs):
+    def info(self, docs: ClipDocs, **kwargs) -> ClipDocs:  # returns a dict: the docs pass unchanged
         """What this replica serves (replica.py), for operators, tests and the gateway's /v1/models."""
         return CLIPReplica.info(self)
 

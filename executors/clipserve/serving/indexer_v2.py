@@ -24,12 +24,19 @@ class CLIPIndexer(common.IndexerBase):
         super().__init__(**kwargs)
         documents_v2.check_roots(self.settings.access_paths, 'access_paths (indexer setting)')
 
+    @requests
+    def passes(self, docs: ClipDocs, **kwargs) -> ClipDocs:
+        """Every other endpoint (`/encode`, `/rank/<model>`, ...) passes through unchanged, as a v1 executor without
+        a handler lets it: Jina's v2 gateway refuses to chain an executor behind the encoder on an endpoint the
+        next one neither binds nor catches."""
+        return docs
+
     @requests(on=READY_ENDPOINT)
     def ready(self, docs: ReadyReports, **kwargs) -> ReadyReports:
         return documents_v2.ready_report(self.shard_id, self.shards, False)
 
     @requests(on=INFO_ENDPOINT)
-    def info(self, docs: ClipDocs, **kwargs):
+    def info(self, docs: ClipDocs, **kwargs) -> ClipDocs:  # returns a dict: the docs pass unchanged
         return {'indexer': self.status_tags()}
 
     @requests(on='/index')
@@ -101,10 +108,16 @@ def merge_shards(docs, parameters: dict):
     name = next(iter(scored[0].matches[0].scores))
     limit = int((parameters or {}).get('limit') or 10)
     result = {'score': name, 'limit': limit, 'descending': name == 'maxsim'}
-    common.merge_matches(
-        scored, result, lambda m, n: m.scores.get(n), lambda q, ms: setattr(q, 'matches', ClipMatches(ms))
-    )
+    common.merge_matches(scored, result, lambda m, n: m.scores.get(n), _set_matches)
     return docs
+
+
+def _set_matches(query, matches) -> None:
+    """The head deserializes answers with models Jina builds from the schema (other classes of the same shape):
+    the matches are the query's own type's again, not one of those."""
+    matches_type = type(query.matches) if query.matches is not None else ClipMatches
+    item = getattr(matches_type, 'doc_type', ClipMatch)
+    query.matches = matches_type([m if isinstance(m, item) else item(**dict(m)) for m in matches])
 
 
 install_reduce_hook(merge_shards)
