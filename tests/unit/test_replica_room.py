@@ -109,3 +109,19 @@ def test_the_readiness_probe_hands_every_answering_replicas_reports_to_its_liste
     answers['a:1'] = [dict(report(3), draining=True)]  # a draining replica takes no new requests
     asyncio.run(readiness.check())
     assert room.rooms['clip'].places == 3
+
+
+def test_the_gateway_fills_only_its_share_of_each_queue_and_names_it():
+    """A replica's queue of 1024 is there for clients behind Jina's own gateway; clipserve's gateway lets
+    `max_queued_large` of them wait per replica, then refuses, naming that limit."""
+    replicas = [[report(16, queued=1024)], [report(16, queued=1024)]]
+    assert room_of(replicas).places == 2 * (16 + 1024)
+    shared = room_of(replicas, queue_share=32)
+    assert (shared.places, shared.limit, shared.max_queued_requests) == (2 * (16 + 32), 'max_queued_large', 32)
+    assert room_of([[report(16, queued=8)]], queue_share=32).limit == 'max_queued_requests'  # the replica's is less
+    room = ReplicaRoom(queue_share=0)
+    room.update({'encoder': ['a']}, {'a': [report(16, queued=1024)]})
+    assert all(room.enter('encoder', 8) is True for _ in range(16))
+    refused = room.enter('encoder', 8)
+    assert isinstance(refused, OverloadedError) and refused.limit == 'max_queued_large'
+    assert 'max_queued_large=0' in str(refused)

@@ -211,6 +211,8 @@ def check_ports_free(host: str, ports: list[int]) -> None:
     for port in ports:
         family = socket.AF_INET6 if ':' in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # as the servers themselves bind: a closed connection's TIME_WAIT does not hold the port, a listener does
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError as error:

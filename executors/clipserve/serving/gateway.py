@@ -172,6 +172,7 @@ class ReadyGateway(CompositeGateway):
         max_inputs: int | None = None,
         max_in_flight: int | None = None,
         max_stream_requests: int | None = None,
+        max_queued_large: int | None = None,
         retry_after: float | None = None,
         **kwargs,
     ):
@@ -182,6 +183,7 @@ class ReadyGateway(CompositeGateway):
             max_inputs=max_inputs,
             max_in_flight=max_in_flight,
             max_stream_requests=max_stream_requests,
+            max_queued_large=max_queued_large,
             retry_after=retry_after,
         )
         cap_stream_prefetch(self.streamer, self.limits.max_stream_requests)
@@ -192,7 +194,7 @@ class ReadyGateway(CompositeGateway):
         self.gateway_metrics = GatewayMetrics(registry)
         self.in_flight = limits_.InFlight(self.limits.max_in_flight, self.limits.retry_after, self.gateway_metrics)
         # a large request that every replica would refuse is refused here, not forwarded (replica_room.py)
-        self.replica_room = ReplicaRoom(self.gateway_metrics)
+        self.replica_room = ReplicaRoom(self.gateway_metrics, self.limits.max_queued_large)
         self.readiness.report_listeners.append(self.replica_room.update)
         screen_executor_sends(self.streamer, self.replica_room)
         self.token = self._token()

@@ -77,6 +77,16 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
         section='gateway',
     ),
     Setting(
+        'max_queued_large',
+        'int',
+        32,
+        "Large requests the gateway lets wait in each replica's queue (at most the replica's max_queued_requests); "
+        'more: refused here, retryably, so sustained overload holds bounded memory. The rest of a queue is for '
+        "clients behind Jina's own gateway (a prefetch of 1000).",
+        minimum=0,
+        section='gateway',
+    ),
+    Setting(
         'retry_after',
         'float',
         1.0,
