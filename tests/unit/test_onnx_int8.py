@@ -31,9 +31,24 @@ def exported(tiny_onnx_export):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    """An empty cache: the int8 copy is made in the test."""
     monkeypatch.setenv('CLIPSERVE_CACHE', str(tmp_path / 'cache'))
     monkeypatch.delenv(int8_check.FORCE_ENV, raising=False)
     return tmp_path / 'cache'
+
+
+@pytest.fixture(scope='module')
+def _module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp('int8-cache')
+
+
+@pytest.fixture
+def made(_module_cache, monkeypatch):
+    """A cache shared by the tests that only use the int8 copy: it is made once (quantizing is most of an
+    int8 start, and minutes under the emulated CPU); every load still runs the check on this CPU."""
+    monkeypatch.setenv('CLIPSERVE_CACHE', str(_module_cache))
+    monkeypatch.delenv(int8_check.FORCE_ENV, raising=False)
+    return _module_cache
 
 
 def _onnx(folder, dtype):
@@ -70,7 +85,7 @@ def test_int8_is_a_cached_integer_copy_close_to_fp32(exported, cache):
     np.testing.assert_array_equal(again.encode_images(_pixels()), int8.encode_images(_pixels()))
 
 
-def test_an_embedding_does_not_depend_on_its_batch_mates(exported, cache):
+def test_an_embedding_does_not_depend_on_its_batch_mates(exported, made):
     int8 = _onnx(exported, 'int8')
     pixels = _pixels(9)
     batched = int8.encode_images(pixels)
@@ -83,7 +98,7 @@ def test_an_embedding_does_not_depend_on_its_batch_mates(exported, cache):
         assert cosines(int8.encode_texts(one.input_ids, one.attention_mask), together[i : i + 1]).min() > 0.99999
 
 
-def test_the_check_on_this_cpu_is_reported(exported, cache):
+def test_the_check_on_this_cpu_is_reported(exported, made):
     int8 = _onnx(exported, 'int8')
     report = int8.int8_report
     assert report.image_cosine_min > int8_check.MIN_COSINE and report.text_cosine_min > int8_check.MIN_COSINE
@@ -92,7 +107,7 @@ def test_the_check_on_this_cpu_is_reported(exported, cache):
     assert int8.model_calls == 0  # the check's forward passes are not the replica's
 
 
-def test_int8_that_misses_the_bounds_is_refused_with_the_figures_unless_forced(exported, cache, monkeypatch):
+def test_int8_that_misses_the_bounds_is_refused_with_the_figures_unless_forced(exported, made, monkeypatch):
     monkeypatch.setattr(int8_check, 'MIN_COSINE', 0.9999999)  # stricter than any int8 reaches
     with pytest.raises(BackendUnavailableError) as refused:
         _onnx(exported, 'int8')

@@ -281,8 +281,8 @@ def test_openvino_replica_imports_neither_torch_nor_onnxruntime_nor_openvinos_te
     assert not (tmp_path / 'intel').exists()  # where openvino-telemetry keeps its client id
 
 
-@pytest.mark.precision
 def test_int8_is_refused_on_a_cpu_without_int8_dot_products_unless_forced(tiny_export, monkeypatch):
+    """The rule, on any CPU (not `precision`: on a real AVX2 CPU the test above meets the refusal itself)."""
     from clipserve.backends import cpu_features as features
 
     avx2 = features.combine({'avx2', 'fma'}, None, 'x86_64')
