@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import machine, markdown_table, save, save_plot
+import plots
+from common import machine, markdown_table, save
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP_RETRIEVAL = ROOT / '.venv-clip-retrieval' / 'bin' / 'clip-retrieval'
@@ -305,13 +306,7 @@ def main() -> None:
         },
     )
 
-    def draw(ax):
-        ax.barh([r['engine'] for r in runs], [r['images_per_second'] for r in runs], color='tab:blue')
-        ax.set_xlabel('images/s end to end (images + captions)')
-        ax.set_title(f'bulk embedding, {args.images} images, {info["cores"]} cores')
-        ax.invert_yaxis()
-
-    save_plot(path, draw, figsize=(7, 3))
+    plots.bulk(json.loads(path.read_text()), path)
     print(f'\nwrote {path}')
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

@@ -93,17 +93,9 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 def save_plot(path: Path, draw, ncols: int = 1, figsize: tuple = (7, 3.5)) -> None:
-    """`draw(axes)` onto a figure saved as PNG next to the JSON at `path`; a note if matplotlib is absent."""
+    """`draw(axes)` onto a figure saved as PNG next to the JSON at `path` (plots.figure)."""
     try:
-        import matplotlib
-
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('(matplotlib not installed: no plot)')
-        return
-    fig, axes = plt.subplots(1, ncols, figsize=figsize)
-    draw(axes)
-    fig.tight_layout()
-    fig.savefig(path.with_suffix('.png'), dpi=100)
-    plt.close(fig)
+        from benchmarks.plots import figure
+    except ModuleNotFoundError:  # run as `python benchmarks/NAME.py`: this folder is on sys.path, not the root
+        from plots import figure
+    figure(path, draw, ncols, figsize)

@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import machine, markdown_table, save, save_plot
+import plots
+from common import machine, markdown_table, save
 from late_interaction_models import KINDS, build_in_subprocess, compare_orders, pages, queries, transformers_scores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,29 +295,6 @@ def report(results: dict) -> None:
         print(markdown_table(headers + ['pooling ms per page'], rows))
 
 
-def draw(results: dict):
-    def plot(axes):
-        models = results['models']
-        x = np.arange(len(models))
-        bars = [(w, k) for k in ('pages_per_s', 'queries_per_s') for w in ('model_only', 'served')]
-        for offset, (where, key) in enumerate(bars):
-            values = [(r.get(where) or {}).get(key, 0) for r in models]
-            axes[0].bar(x + offset * 0.2, values, width=0.2, label=f'{where} {key.split("_")[0]}/s')
-        axes[0].set_xticks(x + 0.3, [f'{r["kind"]} {r["model_only"]["dtype"]}' for r in models])
-        axes[0].set_yscale('log')
-        axes[0].legend(fontsize=7)
-        axes[0].set_title(f'{results["size"]} size: items per second')
-        rows = (results.get('storage') or {}).get('rows', [])
-        axes[1].scatter([q['bytes_per_page'] for q in rows], [q['top10_agreement'] for q in rows])
-        for q in rows:
-            axes[1].annotate(q['variant'], (q['bytes_per_page'], q['top10_agreement']), fontsize=7)
-        axes[1].set_xlabel('bytes per page')
-        axes[1].set_ylabel('top-10 agreement with fp32')
-        axes[1].set_title('pooling and storage')
-
-    return plot
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--size', choices=('tiny', 'real'), default='tiny', help='tiny: smoke run; real: 2-3 B models')
@@ -375,7 +353,7 @@ def main() -> None:
     )
     report(results)
     path = save('late_interaction', results)
-    save_plot(path, draw(results), ncols=2, figsize=(11, 4))
+    plots.late_interaction(results, path)
     print(f'wrote {path} ({results["seconds"]:.0f} s)')
 
 

@@ -50,6 +50,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import plots  # noqa: E402
 from benchmarks.common import machine, save  # noqa: E402
 from benchmarks.overload_clients import closed_loop, offer  # noqa: E402
 from benchmarks.overload_helpers import (  # noqa: E402
@@ -59,7 +60,7 @@ from benchmarks.overload_helpers import (  # noqa: E402
     memory_growth,
     summarize,
 )
-from benchmarks.overload_report import draw, goals, print_report  # noqa: E402
+from benchmarks.overload_report import goals, print_report  # noqa: E402
 
 
 def flow_from_shipped_yaml(port: int, model: str, onnx_dir: str, folder: str):
@@ -321,7 +322,7 @@ def main() -> None:
     results['goals'] = goals(results)
     print_report(results)
     path = save('overload', results)
-    draw(path, results)
+    plots.overload(results, path)
     print(f'\nwrote {path}')
 
 

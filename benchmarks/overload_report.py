@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from benchmarks.common import markdown_table, save_plot
-from benchmarks.overload_helpers import REFUSED, UNCLEAR
+from benchmarks.common import markdown_table
 
 MEMORY_GROWTH = 0.20  # at most, after warm-up
 GOODPUT = 0.90  # at least, of the sustainable rate (images/s)
@@ -262,49 +260,3 @@ def print_report(results: dict) -> None:
     for r in _runs(results):
         for sample in r['error_samples']:
             print(f'  {r["name"]}: {sample}')
-
-
-def draw(path: Path, results: dict) -> None:
-    """RSS of each of the Flow's processes over the whole run, and each request's latency by when it was sent."""
-
-    def plot(axes):
-        memory, latency = axes
-        samples = results['rss_samples']
-        names = sorted({name for _, rss, _ in samples for name in rss})
-        for name in names:
-            points = [(t, rss[name]) for t, rss, _ in samples if name in rss]
-            memory.plot([p[0] for p in points], [p[1] for p in points], label=name)
-        for run in _runs(results):
-            memory.axvspan(run['started_at'], run['ended_at'], alpha=0.12)
-            memory.text(run['started_at'], memory.get_ylim()[1] * 0.95, run['name'], fontsize=8)
-        memory.set_xlabel('seconds')
-        memory.set_ylabel('VmRSS MiB')
-        memory.set_title('resident memory (shaded: open loops)')
-        memory.legend(fontsize=8)
-        colors = {'large': 'tab:blue', 'text': 'tab:orange', 'image': 'tab:green'}
-        for kind, color in colors.items():
-            for refused, marker in ((False, '.'), (True, 'x')):
-                points = [
-                    (run['started_at'] + o['sent'], o['ended'] - o['sent'])
-                    for run in _runs(results)
-                    for o in run['outcomes']
-                    if o['kind'] == kind and o['ended'] is not None and (o['status'] in (REFUSED, UNCLEAR)) == refused
-                ]
-                if points:
-                    latency.scatter(
-                        [p[0] for p in points],
-                        [p[1] for p in points],
-                        s=6,
-                        marker=marker,
-                        color=color,
-                        label=f'{kind}{" refused" if refused else ""}',
-                    )
-        limit = SMALL_P99_BATCHES * results['one_batch_s']
-        latency.axhline(limit, color='red', lw=0.8, label=f'{SMALL_P99_BATCHES:g}x one batch (mean)')
-        latency.set_yscale('log')
-        latency.set_xlabel('sent at, seconds')
-        latency.set_ylabel('latency s')
-        latency.set_title('latency per request')
-        latency.legend(fontsize=7, markerscale=2)
-
-    save_plot(path, plot, ncols=2, figsize=(14, 4.5))

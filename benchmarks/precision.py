@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import bracketed, machine, markdown_table, save, save_plot, sustained_rate
+import plots
+from common import bracketed, machine, markdown_table, save, sustained_rate
 from PIL import Image, ImageDraw
 
 WORDS = 'red green blue small large round square dog cat car tree house boat bird flower street night beach'.split()
@@ -212,18 +214,7 @@ def main() -> None:
         'precision',
         {'machine': info, 'cpu': features.describe(), 'model': name, 'native_bf16': native_bf16, 'results': results},
     )
-    measured = [r for r in results if 'refused' not in r]
-
-    def draw(axes):
-        labels = [r['config'] for r in measured]
-        axes[0].bar(labels, [r['images_vs_torch_fp32'] for r in measured])
-        axes[0].set_title('images/s vs torch fp32')
-        axes[1].bar(labels, [1 - r['image_cosine_min'] for r in measured])
-        axes[1].set_title('1 - min image cosine to fp32')
-        for ax in axes:
-            ax.tick_params(axis='x', rotation=30)
-
-    save_plot(path, draw, ncols=2, figsize=(10, 3.5))
+    plots.precision(json.loads(path.read_text()), path)
     print(f'wrote {path}')
 
 

@@ -24,7 +24,8 @@ import numpy as np
 
 if __package__ in (None, ''):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import bracketed, machine, markdown_table, save, save_plot  # noqa: E402
+from benchmarks import plots  # noqa: E402
+from benchmarks.common import bracketed, machine, markdown_table, save  # noqa: E402
 
 SIZES = {  # name: (model type, hidden, layers, heads, intermediate, vocab)
     'minilm': ('bert', 384, 6, 12, 1536, 30522),
@@ -177,22 +178,7 @@ def report(results: dict, cpu: str) -> None:
     print(markdown_table(['pair tokens', 'reranker', 'pairs/s', 'x CrossEncoder', 'max |logit - CrossEncoder|'], rows))
     path = save('rerank', results)
 
-    def draw(axes):
-        names = list(next(iter(results['lengths'].values()))['ratio_to_crossencoder'])
-        width = 0.8 / max(1, len(results['lengths']))
-        for k, (tokens, r) in enumerate(results['lengths'].items()):
-            axes.bar(
-                np.arange(len(names)) + k * width,
-                [r['ratio_to_crossencoder'][n] for n in names],
-                width,
-                label=f'{tokens} tokens',
-            )
-        axes.axhline(1.0, color='grey', linewidth=0.8)
-        axes.set_xticks(np.arange(len(names)) + width / 2, names, fontsize=8)
-        axes.set_ylabel('pairs/s, x sentence-transformers CrossEncoder')
-        axes.legend()
-
-    save_plot(path, draw)
+    plots.rerank(results, path)
     print(f'\nwrote {path}')
 
 

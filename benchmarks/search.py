@@ -34,7 +34,8 @@ import numpy as np
 
 if __package__ in (None, ''):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import machine, markdown_table, save, save_plot  # noqa: E402
+from benchmarks import plots  # noqa: E402
+from benchmarks.common import machine, markdown_table, save  # noqa: E402
 
 DIM = 512
 CLUSTERS = 1000
@@ -378,18 +379,7 @@ def report(results: dict) -> None:
         print(markdown_table(['endpoint', 'clients', 'p50 ms', 'p99 ms', 'queries'], rows))
     path = save('search', results)
 
-    def draw(axes):
-        for build in results['builds']:
-            s = build['searches']
-            axes.plot([x['recall_at_10'] for x in s], [x['qps'] for x in s], 'o-', label=f'{build["quantization"]}')
-            for x in s:
-                axes.annotate(str(x['ef_search']), (x['recall_at_10'], x['qps']), fontsize=7)
-        axes.set_xlabel('recall@10')
-        axes.set_ylabel('queries / s (one thread)')
-        axes.set_title(f'{results["vectors"]:,} vectors: recall against speed by ef_search')
-        axes.legend()
-
-    save_plot(path, draw)
+    plots.search(results, path)
     print(f'\nwrote {path}')
 
 

@@ -36,8 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import plots  # noqa: E402
 import text_rates  # noqa: E402
-from common import bracketed, machine, markdown_table, save, save_plot, sustained_rate  # noqa: E402
+from common import bracketed, machine, markdown_table, save, sustained_rate  # noqa: E402
 from serving_precision import precision_rows  # noqa: E402
 from serving_workloads import (  # noqa: E402
     LONG,
@@ -297,21 +298,7 @@ def main() -> None:
         )
     path = save('serving', results)
 
-    def draw(axes):
-        ax = axes[0] if compared else axes
-        labels = [f'{r["backend"]}\n{r["workload"]}' for r in results['rows']]
-        x = np.arange(len(labels))
-        for offset, key in ((-0.27, 'model_only'), (0, 'flow_1_client'), (0.27, 'flow_4_clients')):
-            ax.bar(x + offset, [r[key] for r in results['rows']], 0.27, label=key.replace('_', ' '))
-        ax.set_xticks(x, labels, fontsize=8)
-        ax.set_ylabel('items/s')
-        ax.set_yscale('log')
-        ax.legend()
-        ax.set_title(f'{args.model}: model-only vs served ({info["cores"]} cores)')
-        if compared:
-            text_rates.draw(axes[1], compared)
-
-    save_plot(path, draw, ncols=2 if compared else 1, figsize=(16, 4) if compared else (10, 4))
+    plots.serving(results, path)
     print(f'\nwrote {path}')
 
 

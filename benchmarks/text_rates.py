@@ -173,22 +173,3 @@ def table(r: dict) -> str:
             f'{"equal" if r["fastembed_tokens_equal"] else "DIFFER"}, min cosine to clipserve {r["fastembed_min_cosine"]:.6f}'
         )
     return '\n'.join(lines)
-
-
-def draw(ax, r: dict) -> None:
-    """The five rates as bars, the two ratios in the title."""
-    bars = {
-        'model@8': r['model_at_8'],
-        f'model@{r["model_best_batch"]}': r['model_at_best'],
-        'Flow(1)': r['flow_1_client'],
-        'Flow(4)': r['flow_4_clients'],
-    }
-    if 'fastembed' in r:
-        bars[f'FastEmbed@{r["fastembed_batch"]}'] = r['fastembed']
-    ax.bar(range(len(bars)), list(bars.values()), color=['C0', 'C0', 'C1', 'C2', 'C3'][: len(bars)])
-    ax.set_xticks(range(len(bars)), list(bars), fontsize=8)
-    ax.set_ylabel('texts/s')
-    title = f'onnx, short texts: Flow(4)/model@best {r["flow_4_vs_model_best"]:.2f}'
-    if 'fastembed' in r:
-        title += f', Flow(4)/FastEmbed {r["flow_4_vs_fastembed"]:.2f}'
-    ax.set_title(title, fontsize=9)

@@ -28,7 +28,13 @@ def _above_ephemeral_ports() -> int:
 
 
 FIRST_FREE_PORT = _above_ephemeral_ports()
-os.environ.setdefault('JINA_RANDOM_PORT_MIN', str(FIRST_FREE_PORT))  # Jina's ports for heads and executors
+# Above the ephemeral range, two halves that never meet: Jina's own ports for heads and executors below
+# TESTS_FIRST_PORT, the ports the tests choose for gateways (integration/conftest.py free_port) from it up.
+# Sharing one range, Jina could hand an executor the port a test had chosen for the gateway and not yet
+# bound (seen in CI: a gateway's "address already in use" now and then, a different test each run).
+TESTS_FIRST_PORT = (FIRST_FREE_PORT + 65535) // 2
+os.environ.setdefault('JINA_RANDOM_PORT_MIN', str(FIRST_FREE_PORT))
+os.environ.setdefault('JINA_RANDOM_PORT_MAX', str(TESTS_FIRST_PORT - 1))
 
 # dtype 'auto' on a CPU means bf16 images where the CPU has bf16 instructions (some CI machines do, some
 # not). The suite's parity checks compare against open_clip in fp32, so by default it runs as on a CPU

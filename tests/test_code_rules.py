@@ -153,3 +153,11 @@ def test_jina_and_docarray_stay_behind_few_serving_modules():
     assert len(importers) <= 8, importers
     top_level = [p for p in package.iterdir() if p.suffix == '.py' or (p / '__init__.py').is_file()]
     assert len(top_level) <= 12, sorted(p.name for p in top_level)
+
+
+def test_the_version_is_pyprojects():
+    import tomllib
+
+    from clipserve.config.version import __version__
+
+    assert __version__ == tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['version']

@@ -19,7 +19,7 @@ backend's runtime.
 import os
 import sys
 
-__version__ = '0.1.0'
+from clipserve.config.version import __version__
 
 # Secure by default: no events posted to Jina AI's telemetry server from processes serving clipserve.
 os.environ.setdefault('JINA_OPTOUT_TELEMETRY', '1')

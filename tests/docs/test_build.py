@@ -110,6 +110,17 @@ def test_the_site_builds_strict_with_every_page(site):
     assert 'clip_client' in (site / 'getting-started.html').read_text()  # the README's snippets were included
 
 
+def test_the_benchmarks_page_shows_a_plot_for_every_published_run(site):
+    """Drawn at build time from the committed result files, not copied from a machine's benchmarks/results."""
+    page = (site / 'benchmarks.html').read_text()
+    published = sorted(p.stem for p in (ROOT / 'benchmarks' / 'published').glob('*.json'))
+    assert published
+    for name in published:
+        image = site / 'assets' / 'benchmarks' / f'{name}.png'
+        assert image.is_file() and image.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n', name
+        assert f'assets/benchmarks/{name}.png' in page and f'benchmarks/published/{name}.json' in page, name
+
+
 def test_the_reference_holds_every_variable_and_metric(site):
     environment = (site / 'reference' / 'environment.html').read_text()
     for variable in settings.variables_in_code():

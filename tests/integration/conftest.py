@@ -15,23 +15,24 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
-from ..conftest import FIRST_FREE_PORT
+from ..conftest import TESTS_FIRST_PORT
 
 TINY = 'clipserve-tiny::random'
 
 
 def free_port() -> int:
-    """A free port above the kernel's ephemeral range (see tests/conftest.py), so no connection's source
-    port takes it before the server binds it."""
+    """A free port above the kernel's ephemeral range, so no connection's source port takes it before the
+    server binds it, and above Jina's own ports, so no executor of a Flow starting meanwhile does
+    (tests/conftest.py)."""
     for _ in range(1000):
-        port = random.randint(FIRST_FREE_PORT, 65535)
+        port = random.randint(TESTS_FIRST_PORT, 65535)
         with socket.socket() as s:
             try:
                 s.bind(('127.0.0.1', port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f'no free port in {FIRST_FREE_PORT}-65535')
+    raise RuntimeError(f'no free port in {TESTS_FIRST_PORT}-65535')
 
 
 def health(port: int, service: str = 'readiness') -> str:

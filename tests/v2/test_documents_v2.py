@@ -176,6 +176,6 @@ def test_readiness_and_metrics(flow):
     assert 'clipserve_errors_total' in executor and 'cause="invalid_document"' in executor
     gateway = urllib.request.urlopen(f'http://127.0.0.1:{flow["metrics"][0]}/', timeout=10).read().decode()
     assert 'jina_' in gateway
-    # the replica's bound came through its v2 readiness report: the gateway mirrors its 16 places and its queue's
-    # 1024 (max_requests, max_queued_requests: the defaults)
-    assert 'clipserve_gateway_executor_places{executor="clip_o"} 1040.0' in gateway
+    # the replica's bound came through its v2 readiness report: the gateway mirrors its 16 places and its own
+    # share of the replica's queue (max_requests 16 + the gateway's max_queued_large 32: the defaults)
+    assert 'clipserve_gateway_executor_places{executor="clip_o"} 48.0' in gateway

@@ -29,7 +29,7 @@ COMMANDS = ('serve', 'models', 'embed', 'index', 'export', 'ready')
 
 
 def parser() -> argparse.ArgumentParser:
-    from clipserve import __version__
+    from clipserve.config.version import __version__
     from clipserve.jobs import cli as embed_cli
     from clipserve.jobs import index_load
 

@@ -58,7 +58,7 @@ class ServiceRoutes:
         return await _answer(send, 200, _json(await self.index()), b'application/json', head)
 
     async def index(self) -> dict:
-        from clipserve import __version__
+        from clipserve.config.version import __version__
 
         links = {
             'openapi': OPENAPI_PATH,
