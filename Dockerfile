@@ -13,13 +13,15 @@
 # --build-arg EXECUTOR=CLIPRanker), which is what `jina export kubernetes/docker-compose` containers
 # run as `jina executor --uses config.yml`.
 #
-# No registry needed: PYTHON_IMAGE may be any local image with Python 3.10+ and its venv module, e.g.
+# No registry needed: PYTHON_IMAGE may be any local image with Python 3.11+ and its venv module, e.g.
 # one made with deploy/make-base-image.sh (debootstrap; docs/containers.md). There is no `# syntax=`
 # line on purpose: BuildKit would pull that frontend image from Docker Hub before building.
 # CI builds cpu-onnx and cpu-openvino (Python 3.11, Debian bookworm) and cpu-onnx on Python 3.13
-# (Debian trixie) and serves them (tests/containers/). The install is the one CI runs,
-# `pip install -c constraints.txt .[EXTRAS]`, with the same constraints file, split into layers:
-# the base dependencies (shared by every variant), the variant's, then the code.
+# (Debian trixie) and serves them (tests/containers/). The install is from the locks CI checks
+# (locks/*.txt, made by deploy/lock.py: every distribution pinned with its hashes, so an image built twice
+# holds the same versions), split into layers: the base lock (shared by every variant), the variant's lock,
+# then the code. cpu-torch, and builds with MORE_EXTRAS or WITH_TENSORRT, have no lock: they install with
+# constraints.txt (`pip install -c constraints.txt .[EXTRAS]`), as CI did before the locks.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG VARIANT=cpu-torch
@@ -38,17 +40,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 # ---- builder: a virtual environment with clipserve and one backend -----------------------------
 # Dependencies before code: the layers up to the COPY of executors/clipserve depend only on
-# pyproject.toml and constraints.txt (and the build arguments), so editing the code rebuilds only the
-# last layer, and every variant built on one PYTHON_IMAGE shares the first install layer.
+# pyproject.toml, constraints.txt and locks/ (and the build arguments), so editing the code rebuilds only
+# the last layer, and every variant built on one PYTHON_IMAGE shares the first install layer.
 FROM base AS builder
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml constraints.txt ./
+COPY locks ./locks
 COPY deploy/requirements.py ./deploy/
-# 1. The base dependencies (jina, docarray, grpc, numpy, ...): the same for every variant.
-RUN /opt/venv/bin/python deploy/requirements.py > /tmp/base.txt \
-    && /opt/venv/bin/pip install -c constraints.txt -r /tmp/base.txt \
-    && rm /tmp/base.txt
+# 1. The base dependencies (jina, docarray, grpc, numpy, ...), from their lock: the same for every variant.
+RUN /opt/venv/bin/pip install --no-deps --require-hashes -r locks/base.txt
 ARG VARIANT
 # The tensorrt extra (NVIDIA's TensorRT wheels, several GB) goes into the cuda image only when asked
 # for with --build-arg WITH_TENSORRT=true.
@@ -59,23 +60,28 @@ ARG WITH_TENSORRT=false
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 # More extras for the torch variants, comma separated: hf-text, multilingual (M-CLIP), cn-clip (CN-CLIP).
 ARG MORE_EXTRAS=""
-# 2. The variant's extras. This script is the whole install recipe: where the code is already present
-#    (tests/integration/test_deploy.py runs it outside Docker) it installs clipserve with its extras,
-#    `pip install -c constraints.txt ".[EXTRAS]"` as CI does. Here the code is not copied yet, so it
-#    installs the extras' dependencies only, and step 3 adds the package.
+# 2. The variant's dependencies: its lock (resolved within the base lock, so the first layer's versions
+#    stay), or, without one (cpu-torch: PyTorch's CPU index is not where the locks are resolved; MORE_EXTRAS,
+#    WITH_TENSORRT), its extras with constraints.txt. This script is the whole install recipe: where the
+#    code is already present (tests/integration/test_deploy.py runs it outside Docker) it installs
+#    clipserve too. Here the code is not copied yet, so it installs the dependencies only, and step 3 adds
+#    the package.
 # $index is deliberately unquoted: it is either empty or two words ("--extra-index-url URL").
 # hadolint ignore=SC2086
 RUN set -eu; \
-    index=""; \
+    index=""; lock="locks/$VARIANT.txt"; \
     case "$VARIANT" in \
-      cpu-torch) extras="torch"; if [ -n "$TORCH_CPU_INDEX" ]; then index="--extra-index-url $TORCH_CPU_INDEX"; fi ;; \
+      cpu-torch) extras="torch"; lock=""; if [ -n "$TORCH_CPU_INDEX" ]; then index="--extra-index-url $TORCH_CPU_INDEX"; fi ;; \
       cpu-onnx)  extras="onnx" ;; \
       cpu-openvino) extras="openvino" ;; \
-      cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; fi ;; \
+      cuda)      extras="torch,onnx-gpu"; if [ "$WITH_TENSORRT" = "true" ]; then extras="$extras,tensorrt"; lock=""; fi ;; \
       *) echo "unknown VARIANT=$VARIANT (use cpu-torch, cpu-onnx, cpu-openvino or cuda)" >&2; exit 1 ;; \
     esac; \
-    if [ -n "${MORE_EXTRAS:-}" ]; then extras="$extras,$MORE_EXTRAS"; fi; \
-    if [ -d executors/clipserve ]; then \
+    if [ -n "${MORE_EXTRAS:-}" ]; then extras="$extras,$MORE_EXTRAS"; lock=""; fi; \
+    if [ -n "$lock" ]; then \
+      /opt/venv/bin/pip install --no-deps --require-hashes -r "$lock"; \
+      if [ -d executors/clipserve ]; then /opt/venv/bin/pip install --no-deps --no-build-isolation .; fi; \
+    elif [ -d executors/clipserve ]; then \
       /opt/venv/bin/pip install $index -c constraints.txt ".[$extras]"; \
     else \
       /opt/venv/bin/python deploy/requirements.py "$extras" > /tmp/variant.txt; \

@@ -235,8 +235,8 @@ def project_version() -> str:
 
 
 # what the Dockerfile copies: a build from a working tree that differs from HEAD there is labelled "-dirty"
-CONTEXT = ['pyproject.toml', 'constraints.txt', 'deploy/requirements.py', 'README.md', 'executors', 'flows']
-# image tag -> its build arguments, and the constraints.txt and Hub folders it was built from (others may edit
+CONTEXT = ['pyproject.toml', 'constraints.txt', 'locks', 'deploy/requirements.py', 'README.md', 'executors', 'flows']
+# image tag -> its build arguments, and the constraints.txt, lock and Hub folders it was built from (others may edit
 # the working tree meanwhile)
 BUILT_WITH: dict[str, dict] = {}
 
@@ -260,6 +260,7 @@ def build(docker: Docker, image: Image, log_dir: Path) -> str:
     BUILT_WITH[image.tag] = {
         **args,
         'constraints.txt': (ROOT / 'constraints.txt').read_text(),
+        'lock': (ROOT / 'locks' / f'{image.variant}.txt').read_text(),
         'hub': {p.relative_to(hub.parent).as_posix(): p.read_bytes() for p in sorted(hub.rglob('*')) if p.is_file()},
     }
     command = ['build', '--network', 'host', '-t', image.tag]

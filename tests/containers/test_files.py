@@ -24,7 +24,8 @@ def test_dockerfile_pulls_no_frontend_and_installs_dependencies_before_code():
     builder = DOCKERFILE[DOCKERFILE.index('FROM base AS builder') : DOCKERFILE.index('FROM base AS runtime')]
     order = [
         'COPY pyproject.toml constraints.txt ./',
-        'RUN /opt/venv/bin/python deploy/requirements.py > /tmp/base.txt',  # shared by every variant
+        'COPY locks ./locks',
+        'RUN /opt/venv/bin/pip install --no-deps --require-hashes -r locks/base.txt',  # shared by every variant
         'ARG VARIANT',  # RUNs after it depend on the variant
         'RUN set -eu;',  # the variant's dependencies
         'COPY README.md ./',

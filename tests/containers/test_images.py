@@ -1,7 +1,7 @@
 """Each image CI builds (cpu-onnx and cpu-openvino on Python 3.11, cpu-onnx on Python 3.13), as an operator
-runs it: its metadata and contents (non-root, no torch, no compilers or build caches, versions pinned by
-constraints.txt), then started with host networking: healthy by its own HEALTHCHECK command, serving
-clip-client and the openai SDK the embeddings a Flow run from source gives, and stopped with `docker stop`.
+runs it: its metadata and contents (non-root, no torch, no compilers or build caches, exactly the versions
+of its lock, locks/VARIANT.txt), then started with host networking: healthy by its own HEALTHCHECK command,
+serving clip-client and the openai SDK the embeddings a Flow run from source gives, and stopped with `docker stop`.
 
 The container serves the image's own Flow (flows/onnx.yml or flows/openvino.yml) with two changes, in a
 copy mounted into it: free ports with HTTP next to gRPC (the OpenAI routes), and the encoder swapped
@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from ..integration.conftest import free_port, health, wait_for
+from ..lockfiles import linux_environment, resolve
 from .clients import MIN_COSINE, TEXTS, TINY, clip_client_embeddings, cosines, executor_info, openai_embeddings
 from .conftest import ROOT, SUMMARY, TIMINGS, wait_healthy
 from .contents import canonical, image_facts, pins
@@ -131,14 +132,18 @@ def test_image_metadata_and_contents(image, docker):
     assert [f for f in folders['/var/lib/apt/lists'] or [] if f not in ('lock', 'partial', 'auxfiles')] == []
     installed = {canonical(name): version for name, version in facts['distributions'].items()}
     assert installed['clipserve'] == project_version()
-    pinned = pins(expected['constraints.txt'])  # as it was when the image was built
-    wrong = {n: (v, pinned[n]) for n, v in installed.items() if n in pinned and v.split('+')[0] != pinned[n]}
-    assert wrong == {}, f'versions other than constraints.txt pins: {wrong}'
-    unpinned = sorted(set(installed) - set(pinned) - {'clipserve', 'pip'})
+    # exactly the lock's versions for the image's Python (the lock as it was when the image was built), and
+    # nothing else but clipserve and the venv's own pip: built twice, an image holds the same distributions
+    locked = resolve(expected['lock'], linux_environment(facts['python']))
+    wrong = {n: (installed.get(n), v) for n, v in locked.items() if installed.get(n) != v}
+    assert wrong == {}, f'(installed, locks/{image.variant}.txt): {wrong}'
+    unlocked = sorted(set(installed) - set(locked) - {'clipserve', 'pip'})
+    assert unlocked == [], f'distributions locks/{image.variant}.txt does not pin: {unlocked}'
+    pinned = pins(expected['constraints.txt'])
     SUMMARY.append(
         f'{image.tag}: Python {facts["python"]}, venv {facts["venv_bytes"] / 1e6:.0f} MB, {len(installed)} '
-        f'distributions, {len(set(installed) & set(pinned))} at constraints.txt pins, {len(unpinned)} not pinned there '
-        f'({", ".join(unpinned[:6])}, ...)'
+        f'distributions, all at locks/{image.variant}.txt versions ({len(set(installed) & set(pinned))} of them '
+        f'constraints.txt pins)'
     )
 
 

@@ -36,9 +36,14 @@ def test_dockerfile_installs_what_ci_installs():
 
     dockerfile = (ROOT / 'Dockerfile').read_text()
     ci = (ROOT / '.ci' / 'run').read_text()
-    # the same constraints file, the same install form
-    assert '-c constraints.txt' in ci
+    # the same locks, the same install form; the variants without a lock with constraints.txt, as CI did before
+    assert '--no-deps --require-hashes -r locks/test.txt' in ci
+    assert 'pip install --no-deps --require-hashes -r locks/base.txt' in dockerfile
+    assert 'pip install --no-deps --require-hashes -r "$lock"' in dockerfile
+    assert re.search(r'lock="locks/\$VARIANT\.txt"', dockerfile)
     assert re.search(r'pip install \$index -c constraints\.txt "\.\[\$extras\]"', dockerfile)
+    for variant in ('cpu-onnx', 'cpu-openvino', 'cuda'):
+        assert (ROOT / 'locks' / f'{variant}.txt').is_file(), f'no lock for {variant}'
     assert re.search(r'^ARG VARIANT=cpu-torch$', dockerfile, re.M)
     # every extra a variant installs exists, and the onnx one brings no torch
     optional = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['optional-dependencies']

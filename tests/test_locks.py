@@ -1,0 +1,73 @@
+"""The locks (locks/*.txt, deploy/lock.py): each is what the lock command makes today, pins every distribution
+with hashes, keeps constraints.txt's pins and the base lock's versions, and this test environment, installed
+by the README's command, holds exactly the test lock's versions. The container images' own check is in
+tests/containers/test_images.py."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from .lockfiles import FLAVOURS, LOCKS, ROOT, canonical, linux_environment, read_lock, resolved
+
+PYTHONS = ('3.11.7', '3.12.8', '3.13.5')  # the Linux Pythons the images and the README's machines run
+
+
+def _constraints() -> dict[str, str]:
+    lines = [line.split('#')[0].strip() for line in (ROOT / 'constraints.txt').read_text().splitlines()]
+    return {canonical(n): v for n, _, v in (line.partition('==') for line in lines if '==' in line)}
+
+
+def test_the_lock_command_makes_the_committed_locks():
+    """Resolved again from PyPI (files published after deploy/lock.py's EXCLUDE_NEWER left out), every
+    lock comes out byte for byte as committed: a changed pin or dependency without a new lock fails here."""
+    result = subprocess.run(
+        [sys.executable, 'deploy/lock.py', '--check'], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert f'{len(FLAVOURS)} locks' in result.stdout
+
+
+def test_the_lock_folder_holds_one_lock_per_flavour():
+    assert sorted(p.stem for p in LOCKS.glob('*.txt')) == sorted(FLAVOURS)
+    flavours = re.search(r'^FLAVOURS = \{(.*?)^\}', (ROOT / 'deploy' / 'lock.py').read_text(), re.M | re.S).group(1)
+    assert sorted(re.findall(r"^    '([a-z0-9-]+)':", flavours, re.M)) == sorted(FLAVOURS)
+
+
+@pytest.mark.parametrize('flavour', FLAVOURS)
+def test_every_pin_has_hashes_and_keeps_constraints(flavour):
+    pins = read_lock((LOCKS / f'{flavour}.txt').read_text())
+    assert len(pins) > 50, f'locks/{flavour}.txt reads as {len(pins)} pins'
+    unhashed = [p.name for p in pins if not p.hashes or not all(h.startswith('--hash=sha256:') for h in p.hashes)]
+    assert unhashed == [], f'locks/{flavour}.txt: pins without sha256 hashes: {unhashed}'
+    constraints = _constraints()
+    against = {p.name: (p.version, constraints[p.name]) for p in pins if p.name in constraints}
+    wrong = {name: versions for name, versions in against.items() if versions[0] != versions[1]}
+    assert wrong == {}, f'locks/{flavour}.txt against constraints.txt (lock, constraint): {wrong}'
+    assert 'clipserve' not in {p.name for p in pins}, 'the checkout itself is installed from the tree, not locked'
+
+
+@pytest.mark.parametrize('python', PYTHONS)
+@pytest.mark.parametrize('flavour', [f for f in FLAVOURS if f != 'base'])
+def test_each_flavour_installs_the_base_locks_versions(flavour, python):
+    """The Dockerfile installs the base lock, then the variant's over it: the shared distributions must not move."""
+    environment = linux_environment(python)
+    base, variant = resolved('base', environment), resolved(flavour, environment)
+    moved = {n: (v, variant.get(n)) for n, v in base.items() if variant.get(n) != v}
+    assert moved == {}, f'Python {python}: locks/base.txt -> locks/{flavour}.txt: {moved}'
+
+
+def test_this_environment_holds_the_test_locks_versions():
+    """The README's test command installs locks/test.txt: every distribution it pins for this Python is
+    installed at exactly that version (found where pip finds them)."""
+    wanted = resolved('test')
+    installed = {}
+    for dist in metadata.distributions():  # in sys.path's order: the first of a name is the one imported
+        installed.setdefault(canonical(dist.metadata['Name']), dist.version)
+    wrong = {n: (v, installed.get(n)) for n, v in wanted.items() if installed.get(n) != v}
+    assert wrong == {}, f'locks/test.txt pin, installed: {wrong}'
+    assert {'clipserve', 'clipserve-client'} <= installed.keys(), 'the checkout itself: pip install --no-deps -e .'
