@@ -161,3 +161,13 @@ def test_the_version_is_pyprojects():
     from clipserve.config.version import __version__
 
     assert __version__ == tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['version']
+
+
+def test_the_backend_names_are_written_once():
+    """clipserve/models/runtimes.py names the runtimes; every other module imports the names from it."""
+    import re
+
+    listed = re.compile(r"""\(\s*['"]torch['"]\s*,\s*['"]onnx['"]""")
+    package = ROOT / 'executors' / 'clipserve'
+    where = sorted(str(p.relative_to(package)) for p in package.rglob('*.py') if listed.search(p.read_text()))
+    assert where == ['models/runtimes.py'], where

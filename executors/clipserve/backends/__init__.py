@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.models.names import ModelName
-
-BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
+from clipserve.models.runtimes import BACKENDS, RERANK_BACKENDS
 
 
 def create_backend(
@@ -63,7 +62,6 @@ def create_backend(
 def create_cross_encoder(kind: str, spec, options, model_path: str | None = None):
     """The reranker `kind` (backends/cross_encoder.py) for `spec` (models/cross_encoder.py); `model_path`: an
     ONNX export (python -m clipserve export reranker), else the checkpoint is exported on first use into the cache."""
-    from clipserve.backends.cross_encoder import RERANK_BACKENDS
     from clipserve.errors import BackendUnavailableError, InvalidParameterError
 
     if kind == 'torch':

@@ -15,7 +15,6 @@ import numpy as np
 from clipserve.errors import InvalidParameterError
 from clipserve.models.cross_encoder import CrossEncoderSpec
 
-RERANK_BACKENDS = ('torch', 'onnx')
 #: precisions by backend (any but fp32 is measured against fp32 at start: backends/rerank_check.py)
 DTYPES = {'torch': ('fp32', 'bf16', 'fp16'), 'onnx': ('fp32', 'int8')}
 

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 from clipserve.cli.errors import UsageError
+from clipserve.models.runtimes import BACKENDS
 
 SOURCE_FLOWS = Path(__file__).resolve().parents[3] / 'flows'  # a checkout (editable install)
 INSTALLED_FLOWS = Path('share') / 'clipserve' / 'flows'  # under sys.prefix: a wheel's data files
-BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
 DTYPES = ('auto', 'fp32', 'fp16', 'bf16', 'int8')
 PROTOCOLS = ('grpc', 'http', 'websocket')
 TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'  # the gateway's (serving/auth.py) and the clients' name

@@ -8,8 +8,8 @@ limits and the drain are every replica's (`CLIPSERVE_MAX_REQUESTS`, ...), shared
 from __future__ import annotations
 
 from clipserve.config.settings import EXECUTOR_SETTINGS, Setting, read_settings
+from clipserve.models.runtimes import RERANK_BACKENDS
 
-RERANK_BACKENDS = ('torch', 'onnx')
 DIRECTIONS = ('right', 'left')
 PREFIX = 'CLIPSERVE_'  # a setting's variable: PREFIX + RERANK_<NAME>
 

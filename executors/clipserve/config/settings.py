@@ -18,8 +18,8 @@ from typing import Any
 from clipserve.config.parameters import check_access_paths, check_bool, env_or_default
 from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.errors import InvalidParameterError
+from clipserve.models.runtimes import BACKENDS
 
-BACKEND_NAMES = ('torch', 'onnx', 'openvino', 'tensorrt')
 MiB = 1024 * 1024
 
 
@@ -52,7 +52,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         'The model, `arch::pretrained` or one of the other forms (docs/concepts/models.md).',
         env='CLIPSERVE_MODEL',
     ),
-    _s('backend', 'choice', 'torch', 'The runtime that serves it.', choices=BACKEND_NAMES),
+    _s('backend', 'choice', 'torch', 'The runtime that serves it.', choices=BACKENDS),
     _s(
         'model_path',
         'str',

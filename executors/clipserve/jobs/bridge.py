@@ -17,6 +17,7 @@ import numpy as np
 
 from clipserve.inputs.uris import UriError, UriPolicy
 from clipserve.models.preprocess import ImageError, PreprocessConfig, open_image, preprocess_image
+from clipserve.models.runtimes import BACKENDS
 
 __all__ = [
     'ImageError',
@@ -30,8 +31,6 @@ __all__ = [
     'pixel_shape',
     'BACKENDS',
 ]
-
-BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
 
 
 def decode_image(data: bytes, config: PreprocessConfig) -> tuple[np.ndarray, int, int]:

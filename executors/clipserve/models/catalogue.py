@@ -19,9 +19,8 @@ import open_clip
 from clipserve.models.families import cnclip, late_interaction_files, mclip, transformers_configs
 from clipserve.models.families import open_clip as open_clip_family
 from clipserve.models.preprocess import PreprocessConfig
+from clipserve.models.runtimes import BACKENDS
 from clipserve.models.text_spec import BPE_TOKENIZER, TextSpec
-
-BACKENDS = ('torch', 'onnx', 'openvino', 'tensorrt')
 
 # (substring of the architecture, lower case, family), first match wins
 _ARCH_FAMILIES = (
