@@ -3,6 +3,7 @@
 The packages are layers, each importing only the ones below it (docs/development.md):
 errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and jobs (bulk) -> __main__.
 
+`from clipserve import Model` is a model in this process, for embeddings without a server (engine/model.py).
 `from clipserve import CLIPEncoder, CLIPRanker, CLIPIndexer, CrossEncoderRanker` defines the executors (the
 reranker in the v1 flavour), for the DocArray flavour installed
 (serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
@@ -35,6 +36,10 @@ _SERVING = {
 
 
 def __getattr__(name: str):
+    if name == 'Model':  # the engine in this process, without Jina (engine/model.py)
+        from clipserve.engine.model import Model
+
+        return Model
     if name in _SERVING:
         from importlib import import_module
 
@@ -60,6 +65,7 @@ if 'jina' in sys.modules:  # loaded by Jina (py_modules): register the executors
     from clipserve.serving.gateway import ClipServeGateway, ReadyGateway  # noqa: E402, F401
 
 __all__ = [
+    'Model',
     'CLIPEncoder',
     'CLIPRanker',
     'CLIPIndexer',
