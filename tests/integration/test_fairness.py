@@ -155,10 +155,10 @@ def test_past_its_document_bound_a_request_waits_for_room_and_small_ones_do_not(
     jina_gateway_only(flow)
     first = other_client(flow, images=5000, seed=7, parameters={'timeout_seconds': 30})
     time.sleep(8)  # admitted and running
-    started = time.perf_counter()
     with pytest.raises(Exception, match='max_documents') as late:
         post(flow, images(5000, seed=9), {'timeout_seconds': 2})
-    assert 'deadline exceeded waiting in the queue' in str(late.value) and time.perf_counter() - started < 10
+    # refused by its own deadline while it waited, not after the first left: the first still runs (below)
+    assert 'deadline exceeded waiting in the queue' in str(late.value)
     assert post(flow, images(1))[0][0].embedding is not None  # small: no wait for documents
     assert first.poll() is None  # all this while the first still runs
     assert not answer(first)['ok']  # its own deadline
