@@ -205,7 +205,23 @@ def overload(results: dict, path: Path) -> bool:
     return figure(path, draw, ncols=2, figsize=(14, 4.5))
 
 
-DRAWERS = {f.__name__: f for f in (serving, precision, late_interaction, bulk, search, rerank, overload)}
+def in_process(results: dict, path: Path) -> bool:
+    def draw(axes):
+        texts = results['texts']['rates']
+        axes[0].bar(['FastEmbed', *[k for k in texts if k != 'baseline']], list(texts.values()), color='C0')
+        axes[0].set_ylabel('texts/s')
+        axes[0].set_title(f'texts in process ({results["texts_per_call"]} a call)', fontsize=9)
+        images = results['images']['rates']
+        axes[1].bar(['clipserve onnx', *[k for k in images if k != 'baseline']], list(images.values()), color='C2')
+        axes[1].set_ylabel('images/s')
+        axes[1].set_title(f'images in process ({results["images_per_call"]} a call)', fontsize=9)
+        for ax in axes:
+            ax.tick_params(axis='x', labelsize=8)
+
+    return figure(path, draw, ncols=2, figsize=(10, 3.5))
+
+
+DRAWERS = {f.__name__: f for f in (serving, precision, late_interaction, bulk, search, rerank, overload, in_process)}
 
 
 def draw_all(results_dir: Path, out_dir: Path) -> list[str]:
