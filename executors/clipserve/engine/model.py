@@ -26,7 +26,7 @@ from clipserve.inputs.uris import UriPolicy
 
 class ImagesFailedError(InvalidDocumentError):
     """Some images could not be embedded: the message names each (by its position) and why. Nothing is
-    lost: `embeddings` holds every image's row, NaN where it failed, and `failures` maps position -> reason."""
+    lost: `embeddings` holds every image's row, NaN where it failed; `failures_by_index` maps position -> reason."""
 
     def __init__(self, failures: dict[int, str], embeddings: np.ndarray):
         super().__init__([(f'images[{i}]', reason) for i, reason in sorted(failures.items())])
