@@ -52,7 +52,7 @@ def reference(tiny_backend):
 class _Images(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == '/slow.png':
-            time.sleep(2)
+            time.sleep(30)  # far past any fetch timeout a test sets: a bound on the caller's wait cannot race it
         if self.path == '/missing.png':
             self.send_error(404)
             return
@@ -68,7 +68,7 @@ class _Images(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope='session')
 def image_server():
-    """An http server of images: /<any>.png, /slow.png (2 s), /big.png (50 kB), /missing.png (404)."""
+    """An http server of images: /<any>.png, /slow.png (30 s), /big.png (50 kB), /missing.png (404)."""
     server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Images)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f'http://127.0.0.1:{server.server_address[1]}'

@@ -88,4 +88,4 @@ def test_urls_are_fetched_with_a_timeout_and_a_size_cap(image_server):
     started = time.monotonic()
     with pytest.raises(FetchError, match='input 3: .*slow.png'):
         to_content_document(f'{image_server}/slow.png', loader, 3)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10  # cut by the 0.5 s timeout, not after the server's 30 s
