@@ -237,13 +237,13 @@ def _reason(call) -> str:
 
 
 def test_the_size_caps_messages_are_413s_other_bad_images_400s():
-    """The classifier reads the messages of uris.py, documents.py and preprocess.py: pinned here."""
-    from clipserve.serving.documents import _capped
+    """The classifier reads the messages of uris.py, engine/image_inputs.py and preprocess.py: pinned here."""
+    from clipserve.engine.image_inputs import capped
 
     config = PreprocessConfig(image_size=32, max_pixels=10)
     too_large = [
         _reason(lambda: UriPolicy(max_bytes=4).load(DATA_URI)),
-        _reason(lambda: _capped(b'x' * 10, 4)),
+        _reason(lambda: capped(b'x' * 10, 4)),
         _reason(lambda: preprocess_bytes(PNG, config)),
     ]
     assert all(v1_errors.is_size_limit(r) for r in too_large), too_large

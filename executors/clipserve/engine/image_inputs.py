@@ -29,7 +29,7 @@ def image_source(image: ImageInput, index: int, policy: UriPolicy, config: Prepr
     rest decoded from what is at hand. The value is captured now; the caller's object is never changed."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
-        return ImageSource(decode=lambda _: preprocess_bytes(_capped(data, policy.max_bytes), config))
+        return ImageSource(decode=lambda _: preprocess_bytes(capped(data, policy.max_bytes), config))
     if isinstance(image, os.PathLike):
         image = os.fspath(image)
     if isinstance(image, str):
@@ -49,7 +49,8 @@ def image_source(image: ImageInput, index: int, policy: UriPolicy, config: Prepr
     )
 
 
-def _capped(data: bytes, max_bytes: int) -> bytes:
-    if len(data) > max_bytes:
-        raise ImageError(f'the image is {len(data)} bytes, over the limit of {max_bytes} bytes (max_image_bytes)')
-    return data
+def capped(blob: bytes, max_bytes: int) -> bytes:
+    """The same cap on encoded bytes as data: URIs, files and downloads have (max_image_bytes)."""
+    if len(blob) > max_bytes:
+        raise ImageError(f'the image blob is {len(blob)} bytes, over the limit of {max_bytes} bytes (max_image_bytes)')
+    return blob

@@ -23,7 +23,6 @@ from clipserve.errors import InvalidDocumentError
 from clipserve.serving import multi_vector
 from clipserve.serving.encoding import (  # noqa: F401  (re-exported: this module's names before encoding.py)
     DocumentEncoder,
-    _capped,
     drop_image_content,
     has_image,
     image_source,

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from clipserve.backends.base import Backend
+from clipserve.engine.image_inputs import capped
 from clipserve.engine.pipeline import EncodePipeline, ImageSource, StageTimes
 from clipserve.errors import InvalidDocumentError
 from clipserve.inputs.uris import UriPolicy
 from clipserve.models.preprocess import (
-    ImageError,
     PreprocessConfig,
     image_from_array,
     preprocess_bytes,
@@ -57,17 +57,10 @@ def image_source(doc, policy: UriPolicy, config: PreprocessConfig) -> ImageSourc
     if tensor is not None:  # capped by its shape: max_pixels, checked before any conversion
         return ImageSource(decode=lambda _: preprocess_image(image_from_array(np.asarray(tensor), config), config))
     if blob:
-        return ImageSource(decode=lambda _: preprocess_bytes(_capped(blob, policy.max_bytes), config))
+        return ImageSource(decode=lambda _: preprocess_bytes(capped(blob, policy.max_bytes), config))
     if uri.strip().startswith('data:'):
         return ImageSource(decode=lambda _: preprocess_bytes(policy.load(uri), config))
     return ImageSource(decode=lambda data: preprocess_bytes(data, config), fetch=lambda: policy.load(uri))
-
-
-def _capped(blob: bytes, max_bytes: int) -> bytes:
-    """The same cap on encoded bytes as data: URIs, files and downloads have (max_image_bytes)."""
-    if len(blob) > max_bytes:
-        raise ImageError(f'the image blob is {len(blob)} bytes, over the limit of {max_bytes} bytes (max_image_bytes)')
-    return blob
 
 
 def drop_image_content(doc) -> None:
