@@ -8,7 +8,8 @@ holds the same versions. constraints.txt pins what CI proves together; the locks
 The resolution is uv's (`uv pip compile --universal`: one file for every Linux Python from 3.11, markers
 where versions differ), from PyPI, ignoring files published after EXCLUDE_NEWER: the same inputs give the same
 locks on any day, which is what lets CI check them. After changing a pin in constraints.txt or a dependency in
-pyproject.toml, move EXCLUDE_NEWER to today and run this. Every flavour but `base` is resolved within
+pyproject.toml, move EXCLUDE_NEWER to the present (a time already past: files published later in the same
+day would otherwise change a later check) and run this. Every flavour but `base` is resolved within
 locks/base.txt, so the Dockerfile's shared first layer (the base lock) stays valid under every variant's.
 """
 
@@ -24,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / 'locks'
-EXCLUDE_NEWER = '2026-12-05T23:59:59Z'
+EXCLUDE_NEWER = (
+    '2026-12-05T12:00:00Z'  # a moment already past when the locks were made: nothing can still appear before it
+)
 INDEX = 'https://pypi.org/simple'
 PYTHON = '3.11'
 # lock name -> what it installs (pip requirement lines, relative to the repository's root) and who uses it
