@@ -25,9 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / 'locks'
-EXCLUDE_NEWER = (
-    '2026-12-05T12:00:00Z'  # a moment already past when the locks were made: nothing can still appear before it
-)
+# a moment already past when the locks were made: no file can still appear before it
+EXCLUDE_NEWER = '2026-12-05T12:00:00Z'
 INDEX = 'https://pypi.org/simple'
 PYTHON = '3.11'
 # lock name -> what it installs (pip requirement lines, relative to the repository's root) and who uses it
