@@ -6,6 +6,7 @@ import os
 import random
 import socket
 import time
+from collections import deque
 from pathlib import Path
 
 import grpc
@@ -20,18 +21,25 @@ from ..conftest import TESTS_FIRST_PORT
 TINY = 'clipserve-tiny::random'
 
 
+_HANDED_OUT: deque[int] = deque(maxlen=(65535 - TESTS_FIRST_PORT) // 2)
+
+
 def free_port() -> int:
     """A free port above the kernel's ephemeral range, so no connection's source port takes it before the
     server binds it, and above Jina's own ports, so no executor of a Flow starting meanwhile does
-    (tests/conftest.py)."""
+    (tests/conftest.py). Never one it handed out recently: a test asking for three ports before it binds
+    any must get three different ones."""
     for _ in range(1000):
         port = random.randint(TESTS_FIRST_PORT, 65535)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(('127.0.0.1', port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.append(port)
+        return port
     raise RuntimeError(f'no free port in {TESTS_FIRST_PORT}-65535')
 
 

@@ -141,6 +141,19 @@ def test_the_index_process_comes_back_after_it_dies_with_every_acknowledged_poin
         store.close()
 
 
+def test_a_death_between_two_calls_is_reported_by_the_next_one_not_hidden(tmp_path):
+    store = StoreProcess(tmp_path / 'index', optimize_after=1_000_000)
+    try:
+        store.upsert([Point(f'd{i}', v, {}) for i, v in enumerate(vectors(12))])
+        os.kill(store._process.pid, signal.SIGKILL)
+        store._process.wait()  # dead before the next call starts (the other test's call may meet it mid-call)
+        with pytest.raises(VectorStoreError, match='was killed by SIGKILL; the next call restarts it'):
+            store.search(vectors(1), 3)
+        assert store.count() == 12
+    finally:
+        store.close()
+
+
 def test_a_killed_owner_takes_its_index_process_with_it_and_loses_nothing_it_acknowledged(tmp_path):
     """kill -9 of the process that owns the store (an executor): its child dies too (it must not keep the
     shard's write-ahead log locked), and a new owner finds every point whose write had returned."""

@@ -95,12 +95,19 @@ class StoreProcess(VectorStore):
         try:
             return receive(self._process.stdout)
         except (EOFError, OSError):
-            code = self._process.wait()
-            raise VectorStoreError(f'the index process for {self.folder} {_ended(code, self.folder)}') from None
+            self._died(self._process.wait())
+
+    def _died(self, code: int):
+        """Report the child's end once, whenever it is found (between calls or during one); the next call starts
+        a new child, which reopens the shard from its write-ahead log."""
+        self._stop()
+        raise VectorStoreError(f'the index process for {self.folder} {_ended(code, self.folder)}') from None
 
     def call(self, method: str, *args):
         with self._lock:
-            if self._process is None or self._process.poll() is not None:
+            if self._process is not None and self._process.poll() is not None:
+                self._died(self._process.returncode)  # it died since the last call: said now, not hidden
+            if self._process is None:
                 self._start()
             try:
                 send(self._process.stdin, (method, args))
