@@ -1,5 +1,5 @@
 """Reading locks/*.txt (made by deploy/lock.py) as pip would on a given Python: which version of each
-distribution an install from the lock holds."""
+distribution an install from the lock holds; and constraints.txt's pins."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ FLAVOURS = ('base', 'serve', 'test', 'cpu-onnx', 'cpu-openvino', 'cuda')
 
 def canonical(name: str) -> str:
     return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def pins(constraints: str) -> dict[str, str]:
+    """name -> version of each `name==version` line of a constraints file's text."""
+    lines = [line.split('#')[0].strip() for line in constraints.splitlines()]
+    return {canonical(n): v for n, _, v in (line.partition('==') for line in lines if '==' in line)}
 
 
 @dataclass(frozen=True)

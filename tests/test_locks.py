@@ -12,14 +12,9 @@ from importlib import metadata
 
 import pytest
 
-from .lockfiles import FLAVOURS, LOCKS, ROOT, canonical, linux_environment, read_lock, resolved
+from .lockfiles import FLAVOURS, LOCKS, ROOT, canonical, linux_environment, pins, read_lock, resolved
 
 PYTHONS = ('3.11.7', '3.12.8', '3.13.5')  # the Linux Pythons the images and the README's machines run
-
-
-def _constraints() -> dict[str, str]:
-    lines = [line.split('#')[0].strip() for line in (ROOT / 'constraints.txt').read_text().splitlines()]
-    return {canonical(n): v for n, _, v in (line.partition('==') for line in lines if '==' in line)}
 
 
 def test_the_lock_command_makes_the_committed_locks():
@@ -40,15 +35,15 @@ def test_the_lock_folder_holds_one_lock_per_flavour():
 
 @pytest.mark.parametrize('flavour', FLAVOURS)
 def test_every_pin_has_hashes_and_keeps_constraints(flavour):
-    pins = read_lock((LOCKS / f'{flavour}.txt').read_text())
-    assert len(pins) > 50, f'locks/{flavour}.txt reads as {len(pins)} pins'
-    unhashed = [p.name for p in pins if not p.hashes or not all(h.startswith('--hash=sha256:') for h in p.hashes)]
+    locked = read_lock((LOCKS / f'{flavour}.txt').read_text())
+    assert len(locked) > 50, f'locks/{flavour}.txt reads as {len(locked)} pins'
+    unhashed = [p.name for p in locked if not p.hashes or not all(h.startswith('--hash=sha256:') for h in p.hashes)]
     assert unhashed == [], f'locks/{flavour}.txt: pins without sha256 hashes: {unhashed}'
-    constraints = _constraints()
-    against = {p.name: (p.version, constraints[p.name]) for p in pins if p.name in constraints}
+    constraints = pins((ROOT / 'constraints.txt').read_text())
+    against = {p.name: (p.version, constraints[p.name]) for p in locked if p.name in constraints}
     wrong = {name: versions for name, versions in against.items() if versions[0] != versions[1]}
     assert wrong == {}, f'locks/{flavour}.txt against constraints.txt (lock, constraint): {wrong}'
-    assert 'clipserve' not in {p.name for p in pins}, 'the checkout itself is installed from the tree, not locked'
+    assert 'clipserve' not in {p.name for p in locked}, 'the checkout itself is installed from the tree, not locked'
 
 
 @pytest.mark.parametrize('python', PYTHONS)

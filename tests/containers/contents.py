@@ -4,7 +4,6 @@ caches it must not have, and digests of the files it serves from (config.yml and
 from __future__ import annotations
 
 import json
-import re
 
 BUILD_TOOLS = ('gcc', 'cc', 'c++', 'g++', 'clang', 'make', 'ld', 'as')
 
@@ -51,12 +50,3 @@ def image_facts(docker, tag: str) -> dict:
         )  # fmt: skip
         _FACTS[tag] = json.loads(result.stdout)
     return _FACTS[tag]
-
-
-def canonical(name: str) -> str:
-    return re.sub(r'[-_.]+', '-', name).lower()
-
-
-def pins(constraints: str) -> dict[str, str]:
-    lines = [line.split('#')[0].strip() for line in constraints.splitlines()]
-    return {canonical(n): v for n, _, v in (line.partition('==') for line in lines if '==' in line)}

@@ -25,10 +25,10 @@ import pytest
 import yaml
 
 from ..integration.conftest import free_port, health, wait_for
-from ..lockfiles import linux_environment, resolve
+from ..lockfiles import canonical, linux_environment, pins, resolve
 from .clients import MIN_COSINE, TEXTS, TINY, clip_client_embeddings, cosines, executor_info, openai_embeddings
 from .conftest import ROOT, SUMMARY, TIMINGS, wait_healthy
-from .contents import canonical, image_facts, pins
+from .contents import image_facts
 from .engine import BUILT_WITH, IMAGES, BaseImageMissing, build, project_version
 
 HELD = ROOT / 'tests' / 'integration' / 'helpers' / 'held_encoder.py'
