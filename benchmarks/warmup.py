@@ -30,7 +30,7 @@ import json, sys, time
 import numpy as np
 from docarray import Document, DocumentArray
 from clipserve import CLIPEncoder
-from clipserve.serving.executors import CLIPExecutorBase
+from clipserve.serving.replica.executors import CLIPExecutorBase
 model, backend, warm = sys.argv[1], sys.argv[2], sys.argv[3] == '1'
 if not warm:
     CLIPExecutorBase._warm_up = lambda self: 0.0

@@ -23,7 +23,7 @@ with atheris.instrument_imports(include=['clipserve']):
         preprocess_bytes,
         preprocess_image,
     )
-    from clipserve.serving.documents import image_loader, split_texts_images
+    from clipserve.serving.replica.documents import image_loader, split_texts_images
 
 POLICY = UriPolicy()  # data: URIs only, as a server runs by default
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible routes' request bodies and answers (the server's serving/openai_api.py), as plain data.
+"""The OpenAI-compatible routes' request bodies and answers (the server's serving/gateway/openai_api.py), as plain data.
 
 Embeddings are asked for as base64 (little-endian float32, as OpenAI's SDK decodes it): exact and a
 third of the size of JSON numbers. Answers are checked against what was sent, so a wrong server behind

@@ -6,11 +6,11 @@ errors -> inputs -> models -> backends -> engine -> config -> serving (Jina) and
 `from clipserve import Model` is a model in this process, for embeddings without a server (engine/model.py).
 `from clipserve import CLIPEncoder, CLIPRanker, CLIPIndexer, CrossEncoderRanker` defines the executors (the
 reranker in the v1 flavour), for the DocArray flavour installed
-(serving/flavour.py: v1, clip-as-service's wire, in serving/executors.py; v2, typed documents, in
-serving/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
+(serving/jina/flavour.py: v1, clip-as-service's wire, in serving/replica/executors.py; v2, typed documents, in
+serving/replica/executors_v2.py; any other combination of docarray and pydantic fails, naming both installs).
 A Flow YAML's `py_modules: [clipserve.serving]` makes Jina import this package (not `[clipserve]`: Jina looks a
 py_modules name up as a file first, in the folders of its call stack and on PATH, where it would find the
-`clipserve` command and fail to import it; serving/jina_compat.py), and Jina finds `uses: CLIPEncoder`
+`clipserve` command and fail to import it; serving/jina/compat.py), and Jina finds `uses: CLIPEncoder`
 (and the gateways `ReadyGateway`, `ClipServeGateway`) only once their classes are defined: when Jina is
 already imported, importing the package defines them at once. Otherwise (a bulk job, a Ray worker, the command line)
 they are defined on first use, so `import clipserve` pulls in neither Jina nor DocArray, nor any
@@ -29,9 +29,9 @@ _SERVING = {
     'CLIPEncoder': 'executors',
     'CLIPRanker': 'executors',
     'CLIPIndexer': 'indexer',
-    'CrossEncoderRanker': 'reranker',
-    'ReadyGateway': 'gateway',
-    'ClipServeGateway': 'gateway',
+    'CrossEncoderRanker': 'replica.reranker',
+    'ReadyGateway': 'gateway.gateways',
+    'ClipServeGateway': 'gateway.gateways',
 }
 
 
@@ -43,7 +43,7 @@ def __getattr__(name: str):
     if name in _SERVING:
         from importlib import import_module
 
-        from clipserve.serving import flavour
+        from clipserve.serving.jina import flavour
 
         kind = _SERVING[name]
         modules = {'executors': flavour.executors_module, 'indexer': flavour.indexer_module}
@@ -53,16 +53,16 @@ def __getattr__(name: str):
 
 
 if 'jina' in sys.modules:  # loaded by Jina (py_modules): register the executors and gateways now
-    from clipserve.serving.flavour import installed as _flavour  # noqa: E402
+    from clipserve.serving.jina.flavour import installed as _flavour  # noqa: E402
 
     if _flavour() == 'v2':  # DocArray v2: Jina's gateway models fixed for pydantic >= 2.11 before any app is built
-        from clipserve.serving.executors_v2 import CLIPEncoder, CLIPRanker  # noqa: E402, F401
-        from clipserve.serving.indexer_v2 import CLIPIndexer  # noqa: E402, F401
+        from clipserve.serving.replica.executors_v2 import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+        from clipserve.serving.replica.indexer_v2 import CLIPIndexer  # noqa: E402, F401
     else:
-        from clipserve.serving.executors import CLIPEncoder, CLIPRanker  # noqa: E402, F401
-        from clipserve.serving.indexer import CLIPIndexer  # noqa: E402, F401
-        from clipserve.serving.reranker import CrossEncoderRanker  # noqa: E402, F401
-    from clipserve.serving.gateway import ClipServeGateway, ReadyGateway  # noqa: E402, F401
+        from clipserve.serving.replica.executors import CLIPEncoder, CLIPRanker  # noqa: E402, F401
+        from clipserve.serving.replica.indexer import CLIPIndexer  # noqa: E402, F401
+        from clipserve.serving.replica.reranker import CrossEncoderRanker  # noqa: E402, F401
+    from clipserve.serving.gateway.gateways import ClipServeGateway, ReadyGateway  # noqa: E402, F401
 
 __all__ = [
     'Model',

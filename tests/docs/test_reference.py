@@ -78,8 +78,8 @@ def test_the_environment_reference_holds_every_variable_the_code_reads():
 
 def test_metrics_come_from_the_registries_and_match_the_tables():
     """Every metric a Metrics class registers is listed, with the labels of the METRICS tables where there are."""
-    from clipserve.serving import gateway_metrics
-    from clipserve.serving import metrics as executor_metrics
+    from clipserve.serving.gateway import metrics as gateway_metrics
+    from clipserve.serving.replica import metrics as executor_metrics
 
     found = {m.name: m for m in metrics.collect()}
     for table, extra in ((executor_metrics.METRICS, executor_metrics.LABELS), (gateway_metrics.METRICS, ())):

@@ -163,7 +163,7 @@ def test_an_open_gateway_says_so_at_start(plain):
 
 
 def test_a_gateway_on_loopback_or_with_a_token_stays_quiet():
-    from clipserve.serving.gateway import open_to_all
+    from clipserve.serving.gateway.gateways import open_to_all
 
     assert open_to_all('127.0.0.1', None, [1]) is None and open_to_all('0.0.0.0', 'secret', [1]) is None
     assert 'every address (ports 51000, 51001)' in open_to_all(None, None, [51000, 51001])

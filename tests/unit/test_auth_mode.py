@@ -5,7 +5,7 @@ out of it."""
 import pytest
 
 from clipserve.errors import ClipServeError
-from clipserve.serving.auth import auth_mode
+from clipserve.serving.gateway.auth import auth_mode
 
 
 @pytest.mark.parametrize(

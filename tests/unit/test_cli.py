@@ -79,7 +79,7 @@ def test_the_wheel_carries_the_flows_the_catalogue_and_the_command(tmp_path):
 
 def test_no_shipped_flow_names_a_py_module_the_command_would_shadow(tmp_path):
     """`py_modules: [clipserve]` would make Jina import the `clipserve` command (a file on PATH) instead."""
-    from clipserve.serving.jina_compat import shadowed_py_modules
+    from clipserve.serving.jina.compat import shadowed_py_modules
 
     (tmp_path / 'clipserve').write_text('#!/bin/sh\n')  # the command, in a folder on PATH
     search = [str(tmp_path / 'elsewhere'), str(tmp_path)]

@@ -86,7 +86,7 @@ def test_scores_equal_transformers_and_do_not_depend_on_the_batch(checkpoint, ba
 
 def test_int8_is_measured_against_fp32_before_it_serves(checkpoint, monkeypatch):
     """The tiny random model's int8 drifts far past the bound: refused with the figures, served when forced."""
-    from clipserve.serving.reranker import CrossEncoderRanker
+    from clipserve.serving.replica.reranker import CrossEncoderRanker
 
     monkeypatch.delenv('CLIPSERVE_INT8_FORCE', raising=False)
     with pytest.raises(
@@ -124,7 +124,7 @@ def test_auto_is_bf16_where_the_cpu_has_it_and_checked_against_fp32(checkpoint, 
     """auto picks bf16 on a CPU with native bf16 (forced here either way with CLIPSERVE_CPU_BF16), measured
     against fp32 at start: kept when it passes, replaced by fp32 when it fails; fp32 elsewhere."""
     from clipserve.backends.precision import cpu_bf16
-    from clipserve.serving.reranker import CrossEncoderRanker
+    from clipserve.serving.replica.reranker import CrossEncoderRanker
 
     monkeypatch.setenv('CLIPSERVE_CPU_BF16', native)
     monkeypatch.delenv('CLIPSERVE_INT8_FORCE', raising=False)

@@ -1,4 +1,4 @@
-"""Client errors in a replica's log (serving/error_logs.py): one WARNING line without a traceback, thinned
+"""Client errors in a replica's log (serving/replica/error_logs.py): one WARNING line without a traceback, thinned
 per kind; server faults keep Jina's ERROR with the traceback. Logged as Jina's worker logs an endpoint's
 exception, through a real JinaLogger of the runtime's name."""
 
@@ -9,8 +9,8 @@ import pytest
 from jina.logging.logger import JinaLogger
 
 from clipserve.errors import InvalidParameterError, OverloadedError, WeightsUnavailableError
-from clipserve.serving.error_logs import ClientErrorFilter, is_client_error, quiet_client_errors
-from clipserve.serving.jina_compat import worker_logger
+from clipserve.serving.jina.compat import worker_logger
+from clipserve.serving.replica.error_logs import ClientErrorFilter, is_client_error, quiet_client_errors
 
 
 class Records(logging.Handler):

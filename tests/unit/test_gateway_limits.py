@@ -9,8 +9,8 @@ import time
 import pytest
 
 from clipserve.errors import DeadlineExceededError, InvalidDocumentError, InvalidParameterError, OverloadedError
-from clipserve.serving import limits
-from clipserve.serving.statuses import ExecutorErrorStatus, error_status
+from clipserve.serving.gateway import limits
+from clipserve.serving.gateway.statuses import ExecutorErrorStatus, error_status
 
 
 def run(app, scope_type='http', method='POST', path='/post', pieces=(b'',), headers=()):
@@ -176,7 +176,7 @@ def test_the_gateways_settings_come_from_arguments_then_variables_and_are_checke
 
 
 def test_a_capped_stream_reads_its_next_request_only_after_an_answer_and_waits_idle():
-    from clipserve.serving.jina_gateway import StreamCap
+    from clipserve.serving.jina.gateway_hooks import StreamCap
 
     read = []
 
@@ -202,7 +202,7 @@ def test_a_capped_stream_reads_its_next_request_only_after_an_answer_and_waits_i
 
 
 def test_capped_prefetch_asks_jina_for_one_above_the_streams_cap_which_is_at_most_the_gateways():
-    from clipserve.serving.jina_gateway import PREFETCH_METADATA, CappedPrefetch
+    from clipserve.serving.jina.gateway_hooks import PREFETCH_METADATA, CappedPrefetch
 
     class Context:
         def __init__(self, metadata):
@@ -223,7 +223,7 @@ def test_capped_prefetch_asks_jina_for_one_above_the_streams_cap_which_is_at_mos
 
 
 def test_http_requests_of_one_client_address_pass_a_few_at_a_time_and_other_addresses_do_not_wait():
-    from clipserve.serving.peer_share import PeerShare
+    from clipserve.serving.gateway.peer_share import PeerShare
 
     share = PeerShare(2)
     inside = {'a': 0, 'b': 0}

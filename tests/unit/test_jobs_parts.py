@@ -89,7 +89,7 @@ def test_the_output_folder_belongs_to_one_job_and_one_run(tmp_path):
 def test_the_client_reads_which_items_the_route_refused():
     """The message the gateway builds (openai_errors.failures_error) is what the client parses back into rows."""
     from clipserve.jobs.server_client import _ITEM_ERROR
-    from clipserve.serving.openai_errors import failures_error
+    from clipserve.serving.gateway.openai_errors import failures_error
 
     params = {f'input-{i}': f'input[{i}]' for i in range(12)}
     error = failures_error([('input-3', 'not an image; or is it'), ('input-11', 'too large: 9 > 4')], params)

@@ -12,9 +12,9 @@ from PIL import Image
 from clipserve.errors import InvalidDocumentError
 from clipserve.inputs.uris import UriError, UriPolicy
 from clipserve.models.preprocess import PreprocessConfig, preprocess_bytes
-from clipserve.serving import openai_answers as answers
-from clipserve.serving import openai_api as api
-from clipserve.serving import openai_errors as v1_errors
+from clipserve.serving.gateway import openai_answers as answers
+from clipserve.serving.gateway import openai_api as api
+from clipserve.serving.gateway import openai_errors as v1_errors
 
 
 def png() -> bytes:

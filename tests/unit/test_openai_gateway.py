@@ -12,10 +12,10 @@ import pytest
 from docarray.score import NamedScore
 
 from clipserve.errors import DeadlineExceededError, InvalidDocumentError, OverloadedError, PayloadTooLargeError
-from clipserve.serving import openai_api as api
-from clipserve.serving import openai_gateway as gw
-from clipserve.serving import openai_routes as routes_
-from clipserve.serving.documents import TOKEN_COUNT_TAG
+from clipserve.serving.gateway import flow_calls as gw
+from clipserve.serving.gateway import openai_api as api
+from clipserve.serving.gateway import openai_routes as routes_
+from clipserve.serving.replica.documents import TOKEN_COUNT_TAG
 
 INFO = {
     'clip_default/rep-0': {
@@ -251,7 +251,7 @@ def post_headers(app, path, body):
 
 
 def test_the_token_check_covers_the_routes_in_openais_shape_and_leaves_the_page_open():
-    from clipserve.serving.auth import TokenMiddleware
+    from clipserve.serving.gateway.auth import TokenMiddleware
 
     app, _ = routes()
     guarded = TokenMiddleware(app, 'tok')
@@ -324,7 +324,7 @@ def test_a_request_waiting_behind_its_addresss_others_counts_the_wait_against_it
     """X-Request-Timeout counts from the request's arrival at the gateway: one held behind the requests of
     its client address (max_stream_requests) gets what is left of it, and a 504 with its body unread once
     its timeout passes while it waits."""
-    from clipserve.serving import limits
+    from clipserve.serving.gateway import limits
 
     flow = StandIn(hold=1.5)
     app, _ = routes(flow)

@@ -49,7 +49,7 @@ def test_unexpanded_env_placeholders_fall_back():
 def test_thread_budget_splits_cores_between_replicas(monkeypatch):
     import os
 
-    from clipserve.serving.executors import thread_budget
+    from clipserve.serving.replica.executors import thread_budget
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     cores = len(os.sched_getaffinity(0))

@@ -8,7 +8,7 @@ import pytest
 
 from clipserve.config.settings import EXECUTOR_SETTINGS, read_setting
 from clipserve.errors import InvalidParameterError
-from clipserve.serving.readiness import FlowReadiness, grpc_addresses, judge_reports
+from clipserve.serving.gateway.readiness import FlowReadiness, grpc_addresses, judge_reports
 
 GRACE = next(s for s in EXECUTOR_SETTINGS if s.name == 'shutdown_grace')
 

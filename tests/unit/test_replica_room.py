@@ -1,4 +1,4 @@
-"""The gateway's mirror of its replicas' admission (serving/replica_room.py): which executors it mirrors, what
+"""The gateway's mirror of its replicas' admission (serving/gateway/replica_room.py): which executors it mirrors, what
 it counts, when it refuses, and that it learns the replicas' bounds from the readiness probe (the refusals
 themselves, on every protocol, are in tests/integration/test_gateway_admission.py)."""
 
@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from clipserve.errors import OverloadedError
-from clipserve.serving.readiness import FlowReadiness
-from clipserve.serving.replica_room import ReplicaRoom, room_of
+from clipserve.serving.gateway.readiness import FlowReadiness
+from clipserve.serving.gateway.replica_room import ReplicaRoom, room_of
 
 
 def report(max_requests=2, small=4, retry_after=1.0, shards=1, shard_id=0, executor='CLIPEncoder', queued=0):

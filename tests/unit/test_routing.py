@@ -4,7 +4,7 @@ tests/integration/test_serving_flows.py)."""
 import pytest
 
 from clipserve.errors import UnknownModelError
-from clipserve.serving.routing import PASS_THROUGH, model_routes
+from clipserve.serving.replica.routing import PASS_THROUGH, model_routes
 
 ENCODE, RANK, INFO, READY, DEFAULT = 'encode', 'rank', 'info', 'ready', 'default'
 REQUESTS = {'/encode': ENCODE, '/rank': RANK, '/clipserve/info': INFO, '/clipserve/ready': READY, '/default': DEFAULT}

@@ -74,11 +74,11 @@ def test_a_wrong_boolean_or_choice_names_the_setting(setting):
         convert(setting, 'sometimes')
 
 
-def test_every_setting_is_described_and_has_a_variable_and_an_executor_argument():
-    from clipserve.serving.executors import CLIPExecutorBase
+def test_every_setting_is_described_and_has_a_variable_and_the_table_is_the_one_list():
+    """The replica names no setting itself: every `with:` key but Jina's own goes to the table's loader."""
+    from clipserve.serving.replica.clip_replica import CLIPReplica
 
-    arguments = set(inspect.signature(CLIPExecutorBase.__init__).parameters) - {'self', 'kwargs'}
-    assert arguments == set(SETTINGS) | {'traversal_paths'}
+    assert set(inspect.signature(CLIPReplica.__init__).parameters) == {'self', 'kwargs'}
     for setting in EXECUTOR_SETTINGS:
         assert setting.description.strip() and setting.variable.startswith('CLIPSERVE_')
 

@@ -1,4 +1,4 @@
-"""The door's DocArray v2 section (serving/jina_compat.py) and the flavour check (serving/flavour.py).
+"""The door's DocArray v2 section (serving/jina/compat.py) and the flavour check (serving/jina/flavour.py).
 
 - Jina 3.34's gateway models fail with pydantic >= 2.11 unless `pydantic.create_model` turns their v1-style
   config classes into ConfigDicts; the wrapper changes nothing else. Checked here on the installed pydantic
@@ -18,8 +18,8 @@ import pydantic
 import pytest
 from pydantic import BaseConfig, BaseModel, ConfigDict
 
-from clipserve.serving import flavour
-from clipserve.serving.jina_compat import install_pydantic_compat
+from clipserve.serving.jina import flavour
+from clipserve.serving.jina.compat import install_pydantic_compat
 
 from .conftest import CI, MACHINE_TLS, TLS_VARIABLES
 
@@ -38,7 +38,7 @@ def test_jinas_gateway_models_import_only_with_the_wrapper():
     bare = subprocess.run([sys.executable, '-W', 'ignore', '-c', code], capture_output=True, text=True, timeout=120)
     if MINOR >= 11:
         assert bare.returncode != 0 and "'_ConfigMetaclass' object is not iterable" in bare.stderr
-    fixed = f'from clipserve.serving.jina_compat import install_pydantic_compat as i; i(); {code}; print("ok")'
+    fixed = f'from clipserve.serving.jina.compat import install_pydantic_compat as i; i(); {code}; print("ok")'
     done = subprocess.run([sys.executable, '-W', 'ignore', '-c', fixed], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == 'ok', done.stderr[-2000:]
 

@@ -1,6 +1,6 @@
 """The metrics reference: every Prometheus metric clipserve registers, read from the collectors themselves.
 
-Every class named `...Metrics` in the package (serving/metrics.py's `Metrics`, gateway_metrics.py's `GatewayMetrics`,
+Every class named `...Metrics` in the package (serving/replica/metrics.py's `Metrics`, gateway_metrics.py's `GatewayMetrics`,
 openai_routes.py's `OpenAIMetrics`, and any added later) is built with a fresh registry, as a replica or a
 gateway builds it when monitoring is on; the page lists what that registry then holds: name, type, labels
 and help text. Where a module also has a METRICS table, the tests check that it agrees.
@@ -19,9 +19,9 @@ from docgen.settings import ROOT
 CLASS = re.compile(r'^class (\w*Metrics)\b', re.MULTILINE)
 SUFFIXES = {'counter': ('_total',), 'histogram': ('_bucket', '_sum', '_count'), 'summary': ('_sum', '_count')}
 WHERE = {
-    'clipserve.serving.metrics': "executor (each replica's `port_monitoring`)",
-    'clipserve.serving.gateway_metrics': 'gateway',
-    'clipserve.serving.openai_routes': 'gateway (OpenAI-compatible routes)',
+    'clipserve.serving.replica.metrics': "executor (each replica's `port_monitoring`)",
+    'clipserve.serving.gateway.metrics': 'gateway',
+    'clipserve.serving.gateway.openai_routes': 'gateway (OpenAI-compatible routes)',
 }
 
 

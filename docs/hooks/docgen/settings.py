@@ -1,7 +1,7 @@
 """The settings reference: every executor and gateway setting, and every CLIPSERVE_* variable the code reads.
 
 Sources: `clipserve.config.settings.EXECUTOR_SETTINGS` (name, kind, default, description, variable),
-`clipserve.serving.limits.GATEWAY_SETTINGS` (the gateway's limits) and the gateways' constructor
+`clipserve.serving.gateway.limits.GATEWAY_SETTINGS` (the gateway's limits) and the gateways' constructor
 signatures (`ReadyGateway`, `ClipServeGateway`); a gateway argument outside GATEWAY_SETTINGS takes its
 default from the signature and its description from GATEWAY_ARGUMENTS below, until it moves into the table.
 """
@@ -111,8 +111,8 @@ def reranker_rows() -> list[Row]:
 
 def gateway_rows() -> list[Row]:
     """GATEWAY_SETTINGS, then every other argument of the gateways' constructors."""
-    from clipserve.serving import limits
-    from clipserve.serving.gateway import ClipServeGateway, ReadyGateway
+    from clipserve.serving.gateway import limits
+    from clipserve.serving.gateway.gateways import ClipServeGateway, ReadyGateway
 
     rows = _rows(limits.GATEWAY_SETTINGS)
     known = {r.name for r in rows}
@@ -216,7 +216,7 @@ gateway's environment (the shell that runs `jina flow`).
 ```yaml
 gateway:
   uses: ReadyGateway
-  py_modules: [clipserve.serving.gateway]
+  py_modules: [clipserve.serving.gateway.gateways]
   uses_with: {max_in_flight: 256, playground: false}
 ```
 """
@@ -234,7 +234,7 @@ def settings_page() -> str:
     parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
     source = (
         'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.config.indexer_settings.INDEXER_SETTINGS, '
-        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.limits.GATEWAY_SETTINGS, gateway.py'
+        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.gateway.limits.GATEWAY_SETTINGS, gateway.py'
     )
     return page('Settings', source, *parts)
 

@@ -22,7 +22,7 @@ SOURCE_FLOWS = Path(__file__).resolve().parents[3] / 'flows'  # a checkout (edit
 INSTALLED_FLOWS = Path('share') / 'clipserve' / 'flows'  # under sys.prefix: a wheel's data files
 DTYPES = ('auto', 'fp32', 'fp16', 'bf16', 'int8')
 PROTOCOLS = ('grpc', 'http', 'websocket')
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'  # the gateway's (serving/auth.py) and the clients' name
+TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'  # the gateway's (serving/gateway/auth.py) and the clients' name
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 # the flags that build a Flow: with a YAML they would be ignored, so they are refused instead
 BUILD_FLAGS = (
@@ -114,7 +114,7 @@ def serve_yaml(path: Path, args) -> int:
     if args.print_flow:
         print(path.read_text(encoding='utf-8'), end='')
         return 0
-    from clipserve.serving.jina_compat import serve_flow, shadowed_py_modules
+    from clipserve.serving.jina.compat import serve_flow, shadowed_py_modules
 
     for name, found in shadowed_py_modules(path.read_text(encoding='utf-8')):
         dotted = 'clipserve.serving' if name == 'clipserve' else f'{name}.<a module of it>'
@@ -123,9 +123,9 @@ def serve_yaml(path: Path, args) -> int:
             f'first): write `{dotted}` instead'
         )
     if args.token:
-        os.environ[TOKEN_ENV] = args.token  # the gateway process reads it (serving/auth.py)
+        os.environ[TOKEN_ENV] = args.token  # the gateway process reads it (serving/gateway/auth.py)
     quiet_third_party_warnings()
-    import clipserve.serving.gateway  # noqa: F401  (defines clipserve's gateways for the YAML)
+    import clipserve.serving.gateway.gateways  # noqa: F401  (defines clipserve's gateways for the YAML)
 
     serve_flow(str(path))
     return 0
@@ -176,7 +176,7 @@ def flow_config(args) -> dict:
     token = args.token or os.environ.get(TOKEN_ENV)
     gateway = {
         'uses': 'ClipServeGateway' if token else 'ReadyGateway',
-        'py_modules': ['clipserve.serving.gateway'],
+        'py_modules': ['clipserve.serving.gateway.gateways'],
         'protocol': protocols,
         'port': chosen,
         'host': args.host or '0.0.0.0',

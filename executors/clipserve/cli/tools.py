@@ -96,7 +96,7 @@ def run_ready(args) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from clipserve.serving.readiness import READINESS_SERVICE
+    from clipserve.serving.gateway.readiness import READINESS_SERVICE
 
     target = args.address.split('://', 1)[-1]
     tls = args.tls or args.address.startswith('grpcs://')

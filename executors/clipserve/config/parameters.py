@@ -54,7 +54,7 @@ def check_access_paths(key: str, value) -> str:
 # Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
 # routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.
 TOKEN_COUNTS_PARAMETER = 'token_counts'
-# a late-interaction model's encode must ask for [tokens, dim] (serving/multi_vector.py)
+# a late-interaction model's encode must ask for [tokens, dim] (serving/replica/multi_vector.py)
 MULTI_VECTOR_PARAMETER = 'multi_vector'
 
 

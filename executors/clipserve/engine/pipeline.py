@@ -201,28 +201,13 @@ class EncodePipeline:
                 self._room.give(len(window) - len(ok))
                 del results
                 if ok:
-                    # a job per image: its pixels and its room are given back as soon as it has run, not when
-                    # the whole minibatch has (which, interleaved with other requests', may be many passes later)
                     served = len(indices) + sum(len(w) for _, w in queued)
-                    jobs = []
-                    for k, (_, pixels) in enumerate(ok):
-                        job = self.scheduler.submit(
-                            'images', pixels[None], request=request, deadline=deadline, served=served + k
-                        )
-                        job.add_done_callback(lambda _: self._room.give(1))
-                        jobs.append(job)
-                    queued.append((jobs, [i for i, _ in ok]))
-                    del ok, pixels
+                    queued.append((self._submit_images(ok, request, deadline, served), [i for i, _ in ok]))
+                    del ok
                 # the next window is fetched and decoded while this one waits for, and runs on, the model
                 pending = prepare(windows[n + 1]) if n + 1 < len(windows) else []
-                while len(queued) > AHEAD:
-                    jobs, ok_indices = queued.popleft()
-                    rows += [self._wait(job, times) for job in jobs]
-                    indices.extend(ok_indices)
-            while queued:
-                jobs, ok_indices = queued.popleft()
-                rows += [self._wait(job, times) for job in jobs]
-                indices.extend(ok_indices)
+                self._collect(queued, AHEAD, rows, indices, times)
+            self._collect(queued, 0, rows, indices, times)
         finally:
             fetches.cancel()
             self._room.give(held[0])
@@ -234,6 +219,23 @@ class EncodePipeline:
         if self.backend.multi_vector:
             embeddings = token_rows(embeddings)
         return EncodeResult(embeddings=embeddings, indices=indices, failures=failures)
+
+    def _submit_images(self, ok: list, request: Hashable, deadline: float | None, served: int) -> list[Future]:
+        """A job per image: its pixels and its room are given back as soon as it has run, not when the whole
+        minibatch has (which, interleaved with other requests', may be many passes later)."""
+        jobs = []
+        for k, (_, pixels) in enumerate(ok):
+            job = self.scheduler.submit('images', pixels[None], request=request, deadline=deadline, served=served + k)
+            job.add_done_callback(lambda _: self._room.give(1))
+            jobs.append(job)
+        return jobs
+
+    def _collect(self, queued: deque, keep: int, rows: list, indices: list, times: StageTimes) -> None:
+        """Wait for the oldest minibatches' jobs until `keep` are left queued, in order."""
+        while len(queued) > keep:
+            jobs, ok_indices = queued.popleft()
+            rows += [self._wait(job, times) for job in jobs]
+            indices.extend(ok_indices)
 
     @staticmethod
     def _wait(future: Future, times: StageTimes) -> np.ndarray:

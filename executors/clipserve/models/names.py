@@ -117,3 +117,11 @@ def parse_model_name(name: str | ModelName | None) -> ModelName:
     if arch.split('/', 1)[0] in EXTERNAL_FAMILIES:  # `M-CLIP/<model>` alone: that model's published weights
         return ModelName(arch=arch, pretrained=pretrained.strip() if sep else PUBLISHED_TAG)
     return ModelName(arch=arch, pretrained=pretrained.strip() if sep else 'openai')
+
+
+def canonical(model: str) -> str | None:
+    """The canonical name of a model name (`ViT-B/32` -> `ViT-B-32::openai`), None if it is not one."""
+    try:
+        return str(parse_model_name(model))
+    except ValueError:
+        return None
