@@ -24,7 +24,7 @@ from clipserve.backends.base import Backend
 from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.fetch import FetchBudget, FetchPool
 from clipserve.engine.memory import release_free_memory
-from clipserve.engine.multi_vector import token_rows
+from clipserve.engine.output_kind import output_kind
 from clipserve.engine.priority_pool import PriorityPool
 from clipserve.engine.room import Room
 from clipserve.engine.scheduler import Scheduler, Task
@@ -45,7 +45,7 @@ class ImageSource:
 @dataclass
 class EncodeResult:
     """Embeddings for the items that worked (row i belongs to item `indices[i]`) and why the others failed;
-    a multi-vector model's are a list of [tokens_i, D] arrays (multi_vector.token_rows)."""
+    a multi-vector model's are a list of [tokens_i, D] arrays (output_kind.py)."""
 
     embeddings: np.ndarray | list[np.ndarray]
     indices: list[int]
@@ -75,6 +75,7 @@ class EncodePipeline:
         on_wait: Callable[[str, float], None] = lambda kind, seconds: None,
     ):
         self.backend = backend
+        self.output = output_kind(backend)  # one vector per input, or a vector per token
         self.minibatch_size = minibatch_size
         self.tokenizer = backend.tokenizer
         self.fetch_budget = fetch_budget
@@ -131,7 +132,7 @@ class EncodePipeline:
         request = request if request is not None else object()
         out = np.empty((len(texts), *self.backend.output_shape('texts')), dtype=np.float32)
         if not len(texts):
-            return token_rows(out) if self.backend.multi_vector else out
+            return self.output.rows(out)
         t0 = time.perf_counter()
         tokens = self.tokenizer(list(texts))
         times.preprocess += time.perf_counter() - t0
@@ -158,7 +159,7 @@ class EncodePipeline:
             for future in futures:
                 future.cancel()  # after a failure: what has not run yet is not run
         times.inference += time.perf_counter() - t1
-        return token_rows(out) if self.backend.multi_vector else out
+        return self.output.rows(out)
 
     def encode_images(
         self,
@@ -216,9 +217,7 @@ class EncodePipeline:
                     job.cancel()  # its room comes back through its done callback
         shape = self.backend.output_shape('images')
         embeddings = np.concatenate(rows) if rows else np.zeros((0, *shape), np.float32)
-        if self.backend.multi_vector:
-            embeddings = token_rows(embeddings)
-        return EncodeResult(embeddings=embeddings, indices=indices, failures=failures)
+        return EncodeResult(embeddings=self.output.rows(embeddings), indices=indices, failures=failures)
 
     def _submit_images(self, ok: list, request: Hashable, deadline: float | None, served: int) -> list[Future]:
         """A job per image: its pixels and its room are given back as soon as it has run, not when the whole

@@ -7,11 +7,12 @@ reads it back from whichever documents its Jina parses the answer into.
 
 from __future__ import annotations
 
+from clipserve.engine.output_kind import MAXSIM_SCORE  # noqa: F401  (the score a late-interaction /rank writes)
+
 INFO_ENDPOINT = '/clipserve/info'
 READY_ENDPOINT = '/clipserve/ready'
 # a text document's token count, written into its tags when the request asks (options.TOKEN_COUNTS_PARAMETER)
 TOKEN_COUNT_TAG = 'clipserve_tokens'
-MAXSIM_SCORE = 'maxsim_score'  # the score /rank writes onto each match of a multi-vector model
 ADMISSION_TAG = 'admission'  # a report's bound on requests, which the gateway mirrors (gateway/replica_room.py)
 REPORT_ID = 'clipserve-ready-shard-'  # one document per shard: a head polling ALL merges them by id
 

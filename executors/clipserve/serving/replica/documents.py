@@ -17,9 +17,8 @@ import numpy as np
 from docarray import Document, DocumentArray
 from docarray.score import NamedScore
 
-from clipserve.config.parameters import check_bool, request_options
-from clipserve.engine import ranking
-from clipserve.errors import InvalidDocumentError
+from clipserve.config.parameters import request_options
+from clipserve.engine.output_kind import MAXSIM_SCORE, Ranked
 from clipserve.serving.jina.endpoints import (  # noqa: F401  (re-exported)
     INFO_ENDPOINT,
     READY_ENDPOINT,
@@ -27,7 +26,6 @@ from clipserve.serving.jina.endpoints import (  # noqa: F401  (re-exported)
     read_reports,
     ready_report_fields,
 )
-from clipserve.serving.replica import multi_vector
 from clipserve.serving.replica.encoding import (  # noqa: F401  (re-exported: this module's names before encoding.py)
     DocumentEncoder,
     drop_image_content,
@@ -37,6 +35,7 @@ from clipserve.serving.replica.encoding import (  # noqa: F401  (re-exported: th
     problems,
     split_texts_images,
 )
+from clipserve.serving.replica.rank import rank
 
 # ---- The readiness report and the warm-up ---------------------------------------------------------
 
@@ -66,54 +65,25 @@ def rank_documents(
     logger,
     deadline: float | None = None,
 ) -> None:
-    """/rank: encode what needs it, refuse what cannot be ranked (naming each document), score and sort.
-
-    `reuse_embeddings` (request parameter, else `reuse_embeddings_default`) keeps the embeddings
-    documents already carry; a query without matches fails unless `allow_empty_matches` is set.
-    """
-    if encoder.backend.multi_vector:  # late interaction: MaxSim, not cosine (multi_vector.py)
-        multi_vector.rank(encoder, docs, parameters, reuse_embeddings_default, logger, deadline, write_maxsim)
-        return
+    """/rank (rank.py): `reuse_embeddings` (request parameter, else `reuse_embeddings_default`) keeps the
+    embeddings documents already carry; a query without matches fails unless `allow_empty_matches` is set."""
     options = request_options(parameters, '@r', logger)
-    reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_embeddings_default))
-    everyone = [d for d, _ in members(docs)]
-    reused = {id(d) for d in everyone if reuse and d.embedding is not None}
-    found = problems(docs, reused, encoder.backend.embed_dim, options.allow_empty_matches)
-    if found:
-        raise InvalidDocumentError(found)
-    encoder.encode(DocumentArray(everyone), options.drop_image_content, reused, options.token_counts, deadline)
-    sigmoid = encoder.backend.sigmoid_logits  # (scale, bias) of SigLIP models, else None
-    for query in docs:
-        score_and_sort(query, sigmoid)
+    rank(encoder, docs, options, parameters, reuse_embeddings_default, deadline, write_ranked)
 
 
-def score_and_sort(query: Document, sigmoid_logits: tuple[float, float] | None = None) -> None:
-    """Write clip_score and clip_score_cosine onto the query's matches and sort them; embeddings dropped.
+# the op_name each score carries on the wire (clip-as-service's for clip_score and clip_score_cosine)
+SCORE_OPS = {'clip_score': 'softmax', 'clip_score_cosine': 'cosine', 'siglip_score': 'sigmoid', MAXSIM_SCORE: 'maxsim'}
 
-    With `sigmoid_logits` (a SigLIP model's learned scale and bias) each match also gets `siglip_score`,
-    the model's own probability that the pair matches; the order stays clip_score's.
-    """
-    if not len(query.matches):
-        return
-    matches = list(query.matches)
-    candidates = np.stack([np.asarray(m.embedding, dtype=np.float32).reshape(-1) for m in matches])
-    probabilities, cosines = ranking.clip_scores(np.asarray(query.embedding).reshape(-1), candidates)
-    sigmoids = ranking.sigmoid_scores(cosines, *sigmoid_logits) if sigmoid_logits else [None] * len(matches)
-    for match, p, c, s in zip(matches, probabilities, cosines, sigmoids):
-        match.scores['clip_score'] = NamedScore(value=float(p), op_name='softmax')
-        match.scores['clip_score_cosine'] = NamedScore(value=float(c), op_name='cosine')
-        if s is not None:
-            match.scores['siglip_score'] = NamedScore(value=float(s), op_name='sigmoid')
+
+def write_ranked(query: Document, matches: list, ranked: Ranked) -> None:
+    """The scores onto each match (clip_score, clip_score_cosine and, for SigLIP models, siglip_score; or a
+    late-interaction model's maxsim_score), the matches sorted best first, their embeddings dropped."""
+    for match, scores in zip(matches, ranked.scores):
+        for name, value in scores.items():
+            if value is not None:
+                match.scores[name] = NamedScore(value=value, op_name=SCORE_OPS[name])
         match.embedding = None
-    query.matches = DocumentArray([matches[i] for i in ranking.descending_order(probabilities)])
-
-
-def write_maxsim(query: Document, matches: list, scores: list[float], order: list[int]) -> None:
-    """A multi-vector model's /rank: maxsim_score onto each match, matches sorted by it, their embeddings dropped."""
-    for match, score in zip(matches, scores):
-        match.scores[multi_vector.MAXSIM_SCORE] = NamedScore(value=score, op_name='maxsim')
-        match.embedding = None
-    query.matches = DocumentArray([matches[i] for i in order])
+    query.matches = DocumentArray([matches[i] for i in ranked.order])
 
 
 # ---- Documents the executors write themselves (the indexer's matches, /status) -------------------

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from clipserve.config.parameters import check_bool, request_options
-from clipserve.engine import ranking
-from clipserve.errors import InvalidDocumentError, InvalidParameterError
+from clipserve.config.parameters import request_options
+from clipserve.engine.output_kind import Ranked
+from clipserve.errors import InvalidParameterError
 from clipserve.serving.jina.endpoints import ready_report_fields
 from clipserve.serving.jina.schemas import (
     ClipDoc,
@@ -24,7 +24,8 @@ from clipserve.serving.jina.schemas import (
     ReadyReports,
 )
 from clipserve.serving.replica import multi_vector
-from clipserve.serving.replica.encoding import DocumentEncoder, members, problems
+from clipserve.serving.replica.encoding import DocumentEncoder
+from clipserve.serving.replica.rank import rank
 
 ROOTS = '@r'
 
@@ -115,48 +116,20 @@ def encode_request(
 
 
 def rank_queries(encoder: DocumentEncoder, queries, parameters: dict, reuse_default: bool, logger, deadline=None):
-    """/rank: the v1 flavour's rules (documents.rank_documents): encode what needs it, refuse what cannot be
-    ranked naming each document, then score each query's matches and sort them by clip_score."""
+    """/rank with the v1 flavour's rules (rank.py) over the request's own documents."""
     options = request_options(parameters, ROOTS, logger)
     check_roots(options.access_paths)
-    if encoder.backend.multi_vector:  # late interaction: MaxSim, not cosine (multi_vector.py)
-        multi_vector.rank(encoder, views(queries), parameters, reuse_default, logger, deadline, write_maxsim)
-        return
-    reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_default))
-    shown = views(queries)
-    everyone = [d for d, _ in members(shown)]
-    reused = {id(d) for d in everyone if reuse and d.embedding is not None}
-    found = problems(shown, reused, encoder.backend.embed_dim, options.allow_empty_matches)
-    if found:
-        raise InvalidDocumentError(found)
-    encoder.encode(everyone, options.drop_image_content, reused, options.token_counts, deadline)
-    for query in queries:
-        score_and_sort(query, encoder.backend.sigmoid_logits)
+    rank(encoder, views(queries), options, parameters, reuse_default, deadline, write_ranked)
 
 
-def score_and_sort(query, sigmoid_logits: tuple[float, float] | None = None) -> None:
-    """clip_score (softmax of 100 x cosine over the query's matches), clip_score_cosine and, for SigLIP models,
-    siglip_score onto each match; matches sorted by clip_score, their embeddings dropped (as in v1)."""
-    matches = list(query.matches or ())
-    if not matches:
-        return
-    candidates = np.stack([np.asarray(m.embedding, dtype=np.float32).reshape(-1) for m in matches])
-    probabilities, cosines = ranking.clip_scores(np.asarray(query.embedding).reshape(-1), candidates)
-    sigmoids = ranking.sigmoid_scores(cosines, *sigmoid_logits) if sigmoid_logits else [None] * len(matches)
-    for match, p, c, s in zip(matches, probabilities, cosines, sigmoids):
-        match.clip_score = float(p)
-        match.clip_score_cosine = float(c)
-        match.siglip_score = None if s is None else float(s)
-        match.embedding = None
-    query.matches = ClipMatches([matches[i] for i in ranking.descending_order(probabilities)])
-
-
-def write_maxsim(query: DocView, matches: list[DocView], scores: list[float], order: list[int]) -> None:
-    """A multi-vector model's /rank: maxsim_score onto each match, matches sorted by it, their embeddings dropped."""
-    for match, score in zip(matches, scores):
-        match.doc.maxsim_score = score
+def write_ranked(query: DocView, matches: list[DocView], ranked: Ranked) -> None:
+    """Each match's score fields (those of the model's output kind; the others stay as they were), the
+    matches sorted best first, their embeddings dropped."""
+    for match, scores in zip(matches, ranked.scores):
+        for name, value in scores.items():
+            setattr(match.doc, name, value)
         match.doc.embedding = None
-    query.doc.matches = ClipMatches([matches[i].doc for i in order])
+    query.doc.matches = ClipMatches([matches[i].doc for i in ranked.order])
 
 
 def ready_report(shard_id: int, shards: int, draining: bool, admission: dict | None = None) -> ReadyReports:

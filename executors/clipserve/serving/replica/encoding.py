@@ -139,17 +139,10 @@ def members(queries) -> list[tuple[object, str]]:
     return [(d, role) for q in queries for d, role in [(q, 'query'), *((m, 'match') for m in q.matches)]]
 
 
-def single_vector_problem(embedding, embed_dim: int) -> str | None:
-    """Why a kept embedding cannot be ranked by a single-vector model, or None."""
-    dim = np.asarray(embedding).size
-    return None if dim == embed_dim else f'embedding has dimension {dim}, the model gives {embed_dim}'
-
-
-def problems(queries, reused: set[int], embed_dim: int, allow_empty_matches: bool, embedding_problem=None) -> list:
+def problems(queries, reused: set[int], embed_dim: int, allow_empty_matches: bool, embedding_problem) -> list:
     """(document id, reason) for everything that makes the request unrankable; `reused`: ids (Python
     `id()`) of documents whose own embedding is kept, checked by `embedding_problem(embedding, embed_dim)`
-    (default: one vector of the model's size; multi_vector.py checks [tokens, dim])."""
-    embedding_problem = embedding_problem or single_vector_problem
+    (the model's output kind's: one vector of its size, or [tokens, dim])."""
     found = []
     for query in queries:
         if not len(query.matches) and not allow_empty_matches:

@@ -11,24 +11,19 @@ rows removed; engine/multi_vector.py) instead of one vector:
 - `pool_factor` (request parameter, else the executor's setting; 1: off) pools each page's vectors
   `factor` to one by hierarchical clustering (engine/token_pooling.py) before they are returned; texts
   (queries) are never pooled, and /rank always scores unpooled pages;
-- /rank scores each match by MaxSim against its query (engine/ranking.py), `maxsim_score`, and sorts by it;
-  documents that bring a stored multi-vector embedding keep it (CLIPRanker by default, `reuse_embeddings`),
-  which is checked to be [tokens, dim] of this model's dim.
+- /rank scores each match by MaxSim against its query, `maxsim_score` (the model's output kind,
+  engine/output_kind.py, through rank.py), and sorts by it; documents that bring a stored multi-vector
+  embedding keep it (CLIPRanker by default, `reuse_embeddings`), checked to be [tokens, dim] of this model's dim.
 
-documents.py and documents_v2.py call this and write the scores in their documents' way.
+The encoders of both flavours (executors.py, documents_v2.py) call the two functions here.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, check_bool, check_int, request_options
-from clipserve.engine import ranking
-from clipserve.engine.multi_vector import as_vectors
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, check_bool, check_int
 from clipserve.engine.token_pooling import pool_tokens
-from clipserve.errors import InvalidDocumentError, InvalidParameterError
-from clipserve.serving.jina.endpoints import MAXSIM_SCORE  # noqa: F401  (re-exported)
-from clipserve.serving.replica.encoding import members, problems, split_texts_images
+from clipserve.errors import InvalidParameterError
+from clipserve.serving.replica.encoding import split_texts_images
 
 POOL_FACTOR_PARAMETER = 'pool_factor'
 
@@ -61,41 +56,3 @@ def pool_pages(docs, factor: int) -> None:
     for doc in images:
         if doc.embedding is not None:
             doc.embedding = pool_tokens(doc.embedding, factor)
-
-
-def _stored_vectors_problem(embedding, dim: int) -> str | None:
-    """Why a kept multi-vector embedding cannot be ranked (not [tokens, dim] of this model's dim), or None."""
-    try:
-        as_vectors(embedding, dim)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def rank(
-    encoder,
-    queries,
-    parameters: dict,
-    reuse_default: bool,
-    logger,
-    deadline: float | None,
-    write: Callable[[object, list, list[float], list[int]], None],
-) -> None:
-    """/rank for a multi-vector replica: encode what needs it (stored embeddings kept when reused), refuse what
-    cannot be ranked naming each document, then `write(query, matches, scores, order)` per query with matches:
-    MaxSim of each match against the query, and the descending order."""
-    options = request_options(parameters, '@r', logger)
-    reuse = check_bool('reuse_embeddings', parameters.get('reuse_embeddings', reuse_default))
-    everyone = [d for d, _ in members(queries)]
-    reused = {id(d) for d in everyone if reuse and d.embedding is not None}
-    dim = encoder.backend.embed_dim
-    found = problems(queries, reused, dim, options.allow_empty_matches, _stored_vectors_problem)
-    if found:
-        raise InvalidDocumentError(found)
-    encoder.encode(everyone, options.drop_image_content, reused, options.token_counts, deadline)
-    for query in queries:
-        matches = list(query.matches)
-        if matches:
-            pages = [as_vectors(m.embedding, dim) for m in matches]
-            scores = ranking.maxsim_scores(as_vectors(query.embedding, dim), pages)
-            write(query, matches, [float(s) for s in scores], [int(i) for i in ranking.descending_order(scores)])
