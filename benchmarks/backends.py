@@ -1,6 +1,6 @@
 """torch vs onnx items/s at batch 1, 8 and 32, for texts and images, in one run on this machine.
 
-    .venv/bin/python benchmarks/backends.py [--model ViT-B-32::random] [--batches 1 8 32]
+    .venv/bin/python -m benchmarks.backends [--model ViT-B-32::random] [--batches 1 8 32]
 
 Model-only throughput (no Flow): the backends' own encode calls on preprocessed inputs. Texts are
 ~10-word captions (padding trimmed, as served); images are 224x224 pixel batches.
@@ -13,7 +13,8 @@ import argparse
 import tempfile
 
 import numpy as np
-from common import items_per_second, machine, markdown_table, save, save_plot
+
+from benchmarks.common import items_per_second, machine, markdown_table, save, save_plot
 
 CAPTIONS = [
     'a photo of a small brown dog running on the beach at sunset',

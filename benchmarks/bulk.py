@@ -1,6 +1,6 @@
 """Bulk embedding end to end: clipserve's local engine and Ray engine against clip-retrieval's clip_inference.
 
-    .venv/bin/python benchmarks/bulk.py [--images 2000] [--no-ray] [--no-clip-inference]
+    .venv/bin/python -m benchmarks.bulk [--images 2000] [--no-ray] [--no-clip-inference]
 
 The same input for all: webdataset tars of generated pictures (320x240 JPEG) with captions, images and
 captions both embedded. The same model and weights: ViT-B-32 with seeded random weights saved once as a
@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import plots
-from common import machine, markdown_table, save
+
+from benchmarks import plots
+from benchmarks.common import machine, markdown_table, save
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIP_RETRIEVAL = ROOT / '.venv-clip-retrieval' / 'bin' / 'clip-retrieval'

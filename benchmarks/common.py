@@ -94,8 +94,6 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 def save_plot(path: Path, draw, ncols: int = 1, figsize: tuple = (7, 3.5)) -> None:
     """`draw(axes)` onto a figure saved as PNG next to the JSON at `path` (plots.figure)."""
-    try:
-        from benchmarks.plots import figure
-    except ModuleNotFoundError:  # run as `python benchmarks/NAME.py`: this folder is on sys.path, not the root
-        from plots import figure
+    from benchmarks.plots import figure
+
     figure(path, draw, ncols, figsize)

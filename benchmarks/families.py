@@ -1,6 +1,6 @@
 """ViT-B-16-SigLIP against ViT-B-16 (same ViT-B/16 image tower size), model only and served, per backend.
 
-    .venv/bin/python benchmarks/families.py [--backends torch onnx] [--seconds 3] [--rounds 2]
+    .venv/bin/python -m benchmarks.families [--backends torch onnx] [--seconds 3] [--rounds 2]
 
 Both at seeded random weights (the real ones cannot be downloaded here): ViT-B-16 as `ViT-B-16::random`,
 SigLIP as a local-dir folder with open_clip's own ViT-B-16-SigLIP config and a SentencePiece tokenizer
@@ -20,16 +20,14 @@ import io
 import json
 import os
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import bracketed, machine, markdown_table, save, save_plot, sustained_rate
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.model_folders import SIGLIP_PREPROCESS, local_dir, unigram_tokenizer  # noqa: E402
+from benchmarks.common import bracketed, machine, markdown_table, save, save_plot, sustained_rate
+from devkit.model_folders import SIGLIP_PREPROCESS, local_dir, unigram_tokenizer
 
 CAPTIONS = [
     'a photo of a small brown dog running on the beach at sunset',

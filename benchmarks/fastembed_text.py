@@ -1,6 +1,6 @@
 """FastEmbed in-process on clipserve's ONNX export of a CLIP text tower: its texts/s, like for like.
 
-    .venv/bin/python benchmarks/fastembed_text.py EXPORT_DIR [--text TEXT] [--batch 256] [--seconds 4] [--serve]
+    .venv/bin/python -m benchmarks.fastembed_text EXPORT_DIR [--text TEXT] [--batch 256] [--seconds 4] [--serve]
 
 EXPORT_DIR is a folder written by `python -m clipserve export onnx` (textual.onnx, its .data, clipserve.json).
 FastEmbed (`fastembed`, the `bench` extra) loads a local model as a custom model from a folder with the

@@ -30,9 +30,9 @@ import logging
 import os
 from pathlib import Path
 
-from common import machine, markdown_table
-from gpu_check_measure import DEFAULT_PEAK, Check, embeddings, inputs
-from gpu_check_sections import export_for, onnx_section, tensorrt_section, torch_section
+from benchmarks.common import machine, markdown_table
+from benchmarks.gpu_check_measure import DEFAULT_PEAK, Check, embeddings, inputs
+from benchmarks.gpu_check_sections import export_for, onnx_section, tensorrt_section, torch_section
 
 
 def environment() -> dict:

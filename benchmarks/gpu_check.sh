@@ -35,7 +35,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1     # nothing from the internet
 export CLIPSERVE_CACHE=${CLIPSERVE_CACHE:-${TMPDIR:-/tmp}/clipserve-gpu-check}
 
 echo "== python: $PY"
-timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-470}" "$PY" benchmarks/gpu_check.py "$@"
+timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-470}" "$PY" -m benchmarks.gpu_check "$@"
 rc=$?
 if [ "$rc" -eq 124 ]; then echo "gpu_check: stopped at the ${GPU_CHECK_TIMEOUT:-470}s limit"; fi
 exit "$rc"

@@ -7,7 +7,8 @@ import time
 import traceback
 
 import numpy as np
-from common import items_per_second
+
+from benchmarks.common import items_per_second
 
 IMAGE_FLOPS = {'ViT-B-32': 8.82e9}  # open_clip docs/model_profile.csv, per item
 TEXT_FLOPS_77 = {'ViT-B-32': 5.96e9}  # at 77 tokens; scaled by the real token count

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_check_measure import TINY, Check, embeddings, inputs, measure
+from benchmarks.gpu_check_measure import TINY, Check, embeddings, inputs, measure
 
 
 def torch_section(check: Check, args, peak: float, reference) -> None:

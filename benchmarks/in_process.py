@@ -1,6 +1,6 @@
 """clipserve in process (`from clipserve import Model`) against FastEmbed in process, on the same ONNX export.
 
-    .venv/bin/python benchmarks/in_process.py [--model ViT-B-32::random] [--export DIR] [--seconds 4] [--rounds 3]
+    .venv/bin/python -m benchmarks.in_process [--model ViT-B-32::random] [--export DIR] [--seconds 4] [--rounds 3]
 
 Texts: FastEmbed's TextEmbedding (fastembed_text.py in a process of its own, `embed` of 256 copies of one
 caption a call, pooling and normalisation off since the graph pools) is the baseline; each clipserve
@@ -20,10 +20,11 @@ import io
 import tempfile
 
 import numpy as np
-import plots
-from common import bracketed, machine, markdown_table, save, sustained_rate
 from PIL import Image
-from text_rates import FASTEMBED_BATCH, FastEmbedProcess
+
+from benchmarks import plots
+from benchmarks.common import bracketed, machine, markdown_table, save, sustained_rate
+from benchmarks.text_rates import FASTEMBED_BATCH, FastEmbedProcess
 
 CAPTION = 'a photo of a small brown dog running on the beach'
 IMAGES = 64  # per call

@@ -1,6 +1,6 @@
 """What `jpeg_draft: true` buys and costs: decode+preprocess time, pixel and embedding differences.
 
-    .venv/bin/python benchmarks/jpeg_draft.py [--model ViT-B-32::random]
+    .venv/bin/python -m benchmarks.jpeg_draft [--model ViT-B-32::random]
 
 For photo-like JPEGs of several sizes: milliseconds per image for the exact path (bit-identical to
 open_clip's preprocessing) and for libjpeg's draft mode (decode at 1/2, 1/4 or 1/8 scale), the
@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, markdown_table, save, save_plot  # noqa: E402
+from benchmarks.common import machine, markdown_table, save, save_plot
 
 SIZES = [(640, 480), (1280, 960), (1920, 1080), (4032, 3024)]
 

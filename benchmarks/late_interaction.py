@@ -1,7 +1,7 @@
 """Late interaction (ColQwen2, ColPali): pages/s and queries/s, model-only and served; ranking vs transformers; storage.
 
-    .venv/bin/python benchmarks/late_interaction.py --size tiny                  # smoke run, 1-2 minutes
-    .venv/bin/python benchmarks/late_interaction.py --size real [--kinds colqwen2 colpali] [--pages 8]
+    .venv/bin/python -m benchmarks.late_interaction --size tiny                  # smoke run, 1-2 minutes
+    .venv/bin/python -m benchmarks.late_interaction --size real [--kinds colqwen2 colpali] [--pages 8]
 
 Checkpoints with seeded random weights are built here (late_interaction_models.py: the real architectures'
 sizes with `--size real`, the tests' tiny widths with `--size tiny`). For each model:
@@ -37,9 +37,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-import plots
-from common import machine, markdown_table, save
-from late_interaction_models import KINDS, build_in_subprocess, compare_orders, pages, queries, transformers_scores
+
+from benchmarks import plots
+from benchmarks.common import machine, markdown_table, save
+from benchmarks.late_interaction_models import (
+    KINDS,
+    build_in_subprocess,
+    compare_orders,
+    pages,
+    queries,
+    transformers_scores,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI = {'multi_vector': True}

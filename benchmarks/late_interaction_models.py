@@ -1,6 +1,6 @@
 """Checkpoints, inputs and transformers' reference for benchmarks/late_interaction.py: ColPali / ColQwen2.
 
-    .venv/bin/python benchmarks/late_interaction_models.py KIND SIZE FOLDER [--dtype bf16]
+    .venv/bin/python -m benchmarks.late_interaction_models KIND SIZE FOLDER [--dtype bf16]
 
 builds one checkpoint (KIND colpali or colqwen2; SIZE tiny, small or real) into FOLDER as the hub's
 `vidore/colpali-v1.3-hf` / `vidore/colqwen2-v1.0-hf` lay theirs out: config.json and safetensors written by

@@ -1,6 +1,6 @@
 """Overload: the shipped onnx Flow offered 1x, 2x and 4x its sustainable rate, large and small requests mixed.
 
-    .venv/bin/python benchmarks/overload.py [--model ViT-B-32::random] [--window 30] [--loads 1 2 4]
+    .venv/bin/python -m benchmarks.overload [--model ViT-B-32::random] [--window 30] [--loads 1 2 4]
         [--small-fraction 0.2] [--arrivals poisson|fixed] [--soak MINUTES] [--client lean|jina]
         [--no-mixed-baseline] [--set max_documents=128 ...]
 
@@ -41,26 +41,25 @@ import argparse
 import asyncio
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks import plots  # noqa: E402
-from benchmarks.common import machine, save  # noqa: E402
-from benchmarks.overload_clients import closed_loop, offer  # noqa: E402
-from benchmarks.overload_helpers import (  # noqa: E402
+from benchmarks import plots
+from benchmarks.common import machine, save
+from benchmarks.overload_clients import closed_loop, offer
+from benchmarks.overload_helpers import (
     RssSampler,
     arrivals,
     cpu_seconds,
     memory_growth,
     summarize,
 )
-from benchmarks.overload_report import goals, print_report  # noqa: E402
+from benchmarks.overload_report import goals, print_report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def flow_from_shipped_yaml(port: int, model: str, onnx_dir: str, folder: str):
@@ -89,7 +88,7 @@ def replica_info(port: int) -> dict:
 def flow_processes(port: int, executor_pid: int) -> dict[str, int]:
     """Every process of the Flow (this script's descendants), named: the executor (its /clipserve/info pid),
     the gateway (the one listening on the Flow's port), others by pid and what they run."""
-    from tests.procfs import descendants, listening
+    from devkit.procfs import descendants, listening
 
     pids = descendants(os.getpid())
     gateway = {pid for _, p, pid in listening(pids) if p == port}

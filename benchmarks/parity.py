@@ -1,6 +1,6 @@
 """Parity of clipserve's preprocessing and torch backend with open_clip's own, printed as a table.
 
-    .venv/bin/python benchmarks/parity.py [--model ViT-B-32::random] [--out benchmarks/results/parity.json]
+    .venv/bin/python -m benchmarks.parity [--model ViT-B-32::random] [--out benchmarks/results/parity.json]
 
 For each test image kind: max |clipserve preprocess - open_clip preprocess|, and max |embedding
 difference| for images and texts on the same model and weights.

@@ -6,7 +6,7 @@ same name here; the docs site draws the same plots at build time from the result
 tables quote, on any machine that builds it. Only matplotlib and the standard library: the docs' own
 environment imports this file.
 
-    python benchmarks/plots.py [--results benchmarks/published] [--out DIR]   # every NAME.json it can draw
+    python -m benchmarks.plots [--results benchmarks/published] [--out DIR]   # every NAME.json it can draw
 """
 
 from __future__ import annotations

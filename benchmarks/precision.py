@@ -1,7 +1,7 @@
 """Accuracy and speed of each backend x precision on the CPU, against fp32 of the same model.
 
-    .venv/bin/python benchmarks/precision.py [--model ViT-B-32::random] [--images 200] [--seconds 3]
-    .venv/bin/python benchmarks/precision.py --ckpt ViT-B-32::/path/weights.safetensors --image-dir ./photos
+    .venv/bin/python -m benchmarks.precision [--model ViT-B-32::random] [--images 200] [--seconds 3]
+    .venv/bin/python -m benchmarks.precision --ckpt ViT-B-32::/path/weights.safetensors --image-dir ./photos
 
 For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8, openvino fp32 / bf16 / int8 where
 installed; torch auto is bf16 images where the CPU computes bf16 natively, what a Flow serves by default):
@@ -25,9 +25,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import plots
-from common import bracketed, machine, markdown_table, save, sustained_rate
 from PIL import Image, ImageDraw
+
+from benchmarks import plots
+from benchmarks.common import bracketed, machine, markdown_table, save, sustained_rate
 
 WORDS = 'red green blue small large round square dog cat car tree house boat bird flower street night beach'.split()
 

@@ -4,8 +4,8 @@ fp32 / bf16 and onnx fp32 / int8, against sentence-transformers' CrossEncoder in
 pairs a batch), on the same random-weights checkpoint, in one run. Each rate is a ratio to CrossEncoder measured
 just before and just after it (common.bracketed: the machine's drift cancels).
 
-    python benchmarks/rerank.py                  # ms-marco-MiniLM-L-6's shape (BERT, 6 x 384)
-    python benchmarks/rerank.py --size base      # bge-reranker-base's shape (XLM-R, 12 x 768)
+    python -m benchmarks.rerank                  # ms-marco-MiniLM-L-6's shape (BERT, 6 x 384)
+    python -m benchmarks.rerank --size base      # bge-reranker-base's shape (XLM-R, 12 x 768)
 
 Random weights: speed only (and int8's drift from fp32 on them, which says nothing of a trained model's).
 Prints a table, writes benchmarks/results/rerank.json and a bar plot next to it.
@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ''):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import plots  # noqa: E402
-from benchmarks.common import bracketed, machine, markdown_table, save  # noqa: E402
+from benchmarks import plots
+from benchmarks.common import bracketed, machine, markdown_table, save
 
 SIZES = {  # name: (model type, hidden, layers, heads, intermediate, vocab)
     'minilm': ('bert', 384, 6, 12, 1536, 30522),

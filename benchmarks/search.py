@@ -2,8 +2,8 @@
 `ef_search` values, build time and memory per million vectors (with and without int8 quantization), a real
 embedding set from a model, and a text query end to end through flows/search.yml (encode + search).
 
-    python benchmarks/search.py                       # 1,000,000 vectors (about half an hour on 2 cores)
-    python benchmarks/search.py --vectors 50000 --real 2000 --no-flow    # a quick look
+    python -m benchmarks.search                       # 1,000,000 vectors (about half an hour on 2 cores)
+    python -m benchmarks.search --vectors 50000 --real 2000 --no-flow    # a quick look
 
 The synthetic set (`--vectors`, 512-d): 1,000 cluster centres drawn from N(0, I), each point a centre plus
 N(0, 0.8^2 I) noise, L2-normalised (numpy's PCG64, seed 0; the queries are 1,000 more points of the same
@@ -32,10 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ''):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import plots  # noqa: E402
-from benchmarks.common import machine, markdown_table, save  # noqa: E402
+from benchmarks import plots
+from benchmarks.common import machine, markdown_table, save
 
 DIM = 512
 CLUSTERS = 1000
@@ -264,7 +262,8 @@ def end_to_end(args, index_folder: Path) -> list[dict]:
 def child(args, stage: str, **overrides) -> dict:
     command = [
         sys.executable,
-        __file__,
+        '-m',
+        'benchmarks.search',
         '--stage',
         stage,
         '--vectors',
@@ -275,7 +274,7 @@ def child(args, stage: str, **overrides) -> dict:
     command += ['--efs', ','.join(map(str, args.efs)), '--model', args.model, '--real', str(args.real)]
     for key, value in overrides.items():
         command += [f'--{key}', str(value)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    out = subprocess.run(command, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,6 +1,6 @@
 """Model-only vs served throughput, padding trim, dynamic batching, memory and start-up, in one run.
 
-    .venv/bin/python benchmarks/serving.py [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4] [--rounds 3]
+    .venv/bin/python -m benchmarks.serving [--model ViT-B-32::random] [--backends torch onnx] [--seconds 4] [--rounds 3]
 
 Everything runs on this machine, in one run, so the ratios compare like with like (absolute
 numbers move 2-3x with other load on a 2-core machine; the load average is recorded). Every ratio
@@ -28,19 +28,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-import plots  # noqa: E402
-import text_rates  # noqa: E402
-from common import bracketed, machine, markdown_table, save, sustained_rate  # noqa: E402
-from serving_precision import precision_rows  # noqa: E402
-from serving_workloads import (  # noqa: E402
+from benchmarks import plots, text_rates
+from benchmarks.common import bracketed, machine, markdown_table, save, sustained_rate
+from benchmarks.serving_precision import precision_rows
+from benchmarks.serving_workloads import (
     LONG,
     SHORT,
     WORKLOADS,

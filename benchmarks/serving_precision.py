@@ -4,14 +4,12 @@ its embeddings to fp32's."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import bracketed, sustained_rate  # noqa: E402
-from serving_workloads import SHORT, free_port, jpeg_640x480, served  # noqa: E402
+from benchmarks.common import bracketed, sustained_rate
+from benchmarks.serving_workloads import SHORT, free_port, jpeg_640x480, served
 
 
 def precision_rows(pair: str, args, workloads: dict, checkpoint: str | None, onnx_dir: str) -> list[dict]:

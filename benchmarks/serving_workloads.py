@@ -4,14 +4,12 @@ this process), a checkpoint of the in-process model, free ports and peak memory.
 from __future__ import annotations
 
 import io
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import items_per_second  # noqa: E402
+from benchmarks.common import items_per_second
 
 WORKLOADS = {'short': 'short texts', 'long': 'long captions', 'images': 'images 640x480'}  # --workloads
 SHORT = 'a photo of a small brown dog running on the beach'  # ~10 words

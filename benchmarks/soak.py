@@ -1,6 +1,6 @@
 """Long soak on loopback: N clients x M requests of texts and images against one replica; prints a report.
 
-    .venv/bin/python benchmarks/soak.py [--model ViT-B-32::random] [--clients 8] [--requests 500]
+    .venv/bin/python -m benchmarks.soak [--model ViT-B-32::random] [--clients 8] [--requests 500]
 
 The CI variant (4 clients x 50 requests, tiny model) is tests/integration/test_load_and_faults.py.
 Reports errors (must be 0), p50/p99 latency and the replica's resident memory after warm-up and at
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import machine, save  # noqa: E402
-from tests.load import replica_pids, rss_mb, soak  # noqa: E402
+from benchmarks.common import machine, save
+from devkit.load import replica_pids, rss_mb, soak
 
 
 def main() -> None:

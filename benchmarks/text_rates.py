@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import bracketed, markdown_table, sustained_rate
+from benchmarks.common import bracketed, markdown_table, sustained_rate
 
 SWEEP = (16, 32, 64)  # batches beyond the clients' (8) measured in the main rounds
 NEXT = 128  # measured too when the rate still rises from 32 to 64

@@ -1,6 +1,6 @@
 """What the start-up warm-up buys: the first request's latency with and without it.
 
-    .venv/bin/python benchmarks/warmup.py [--model ViT-B-32::random] [--backend torch] [--rounds 3]
+    .venv/bin/python -m benchmarks.warmup [--model ViT-B-32::random] [--backend torch] [--rounds 3]
 
 Each measurement is a fresh process (a CLIPEncoder built in-process, as a replica builds it): the
 warm-up's own cost, then the latency of the first four requests (one text and one 320x240 image
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, markdown_table, save, save_plot  # noqa: E402
+from benchmarks.common import machine, markdown_table, save, save_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUESTS = 4

@@ -98,8 +98,8 @@ def tls_flow(certificate, tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def family_folder(tmp_path_factory):
-    """family -> its shrunk local-dir folder (tests/model_folders.py), built once per session."""
-    from tests.model_folders import FAMILIES
+    """family -> its shrunk local-dir folder (devkit/model_folders.py), built once per session."""
+    from devkit.model_folders import FAMILIES
 
     built = {}
 

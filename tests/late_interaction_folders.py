@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .model_folders import CORPUS, gemma_tokenizer
+from devkit.model_folders import CORPUS, gemma_tokenizer
 
 LATE_TYPES = ('colpali', 'colqwen2')
 EMBEDDING_DIM = 16

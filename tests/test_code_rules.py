@@ -14,7 +14,7 @@ BIN = Path(sys.executable).parent
 
 def test_ruff_lint_passes():
     result = subprocess.run(
-        [BIN / 'ruff', 'check', 'executors', 'client', 'tests', 'benchmarks', 'fuzz'],
+        [BIN / 'ruff', 'check', 'executors', 'client', 'tests', 'benchmarks', 'fuzz', 'devkit'],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -26,7 +26,7 @@ def test_ruff_lint_passes():
 def test_ruff_format_is_applied():
     """`ruff format` (pyproject.toml [tool.ruff.format]) leaves every file as it is."""
     result = subprocess.run(
-        [BIN / 'ruff', 'format', '--check', 'executors', 'client', 'tests', 'benchmarks', 'fuzz'],
+        [BIN / 'ruff', 'format', '--check', 'executors', 'client', 'tests', 'benchmarks', 'fuzz', 'devkit'],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -100,7 +100,7 @@ def test_no_import_cycles():
 
 
 MAX_LINES = 400
-CHECKED_FOLDERS = ('executors/clipserve', 'client', 'tests', 'benchmarks')
+CHECKED_FOLDERS = ('executors/clipserve', 'client', 'tests', 'benchmarks', 'devkit')
 
 
 def _python_files(folder: Path):
@@ -139,6 +139,17 @@ def test_no_function_over_60_lines_in_serving_and_the_engine():
                     if size > MAX_FUNCTION_LINES:
                         long[f'{path.relative_to(ROOT)}:{node.lineno} {node.name}'] = size
     assert not long, f'functions over {MAX_FUNCTION_LINES} lines: {long}'
+
+
+def test_benchmarks_import_no_test_code_and_leave_sys_path_alone():
+    """The benchmarks run as modules from the root (python -m benchmarks.NAME): what they share with the tests
+    lives in devkit/, and none of them reaches into tests/ or edits sys.path to find a sibling."""
+    import re
+
+    pattern = re.compile(r'^\s*(from tests\b|import tests\b|sys\.path\.(insert|append))', re.MULTILINE)
+    offenders = [p.name for p in _python_files(ROOT / 'benchmarks') if pattern.search(p.read_text(encoding='utf-8'))]
+    assert not offenders, offenders
+    assert pattern.search('sys.path.insert(0, ROOT)\nfrom tests.procfs import x')  # the check itself can fail
 
 
 def test_no_extra_is_named_like_a_version():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .model_folders import gemma_tokenizer, unigram_tokenizer, wordpiece_tokenizer, xlmr_tokenizer
+from devkit.model_folders import gemma_tokenizer, unigram_tokenizer, wordpiece_tokenizer, xlmr_tokenizer
 
 _TINY_TOWER = {'hidden_size': 32, 'intermediate_size': 64, 'num_hidden_layers': 2, 'num_attention_heads': 2}
 _TINY_VISION = {**_TINY_TOWER, 'image_size': 32, 'patch_size': 8}

@@ -18,7 +18,8 @@ try:  # the Jina-protocol client (gRPC, HTTP, WebSocket), an extra of clipserve_
 except ImportError:
     from clipserve_client import Client
 
-from ..procfs import pid_listening_on, reset_peak, status_mib
+from devkit.procfs import pid_listening_on, reset_peak, status_mib
+
 from .conftest import TINY, flow_from_yaml, free_port, set_port
 from .rawgrpc import declared_call
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import requests
 
-from ..procfs import descendants, listening
+from devkit.procfs import descendants, listening
+
 from .conftest import TINY, free_port, stop_process, wait_for
 
 BIN = Path(sys.executable).parent

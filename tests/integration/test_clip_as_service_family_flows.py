@@ -10,7 +10,8 @@ import io
 import pytest
 from PIL import Image
 
-from ..model_folders import cache_open_clip_weights, cnclip_checkpoint, mclip_folder, mclip_reference
+from devkit.model_folders import cache_open_clip_weights, cnclip_checkpoint, mclip_folder, mclip_reference
+
 from .conftest import make_image
 from .served_pair import assert_encodings_match, assert_rank_matches, clip_scores, torch_and_onnx_flows
 

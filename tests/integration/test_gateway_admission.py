@@ -19,7 +19,8 @@ from clip_client import Client as ClipClient
 from docarray import Document, DocumentArray
 from jina import Client
 
-from ..procfs import cpu_seconds, pid_listening_on
+from devkit.procfs import cpu_seconds, pid_listening_on
+
 from .conftest import TINY, flow_from_yaml, free_port, health, set_port, wait_for
 
 HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'

@@ -12,7 +12,8 @@ from clip_client import Client as ClipClient
 from docarray import Document, DocumentArray
 from jina import Client as JinaClient
 
-from ..procfs import pid_listening_on, reset_peak, status_mib
+from devkit.procfs import pid_listening_on, reset_peak, status_mib
+
 from .conftest import TINY, flow_from_yaml, free_port, health, make_image, set_port, wait_for
 from .rawhttp import exchange, pieces_of, repeated
 

@@ -1,4 +1,4 @@
-"""Each model family's shrunk folder (tests/model_folders.py: SigLIP, SigLIP2, MetaCLIP 2, XLM-R, CLIPA,
+"""Each model family's shrunk folder (devkit/model_folders.py: SigLIP, SigLIP2, MetaCLIP 2, XLM-R, CLIPA,
 PE-Core, MobileCLIP2) served from local-dir by the shipped torch and onnx Flows, through clip-client, against
 open_clip itself on the same folder (its model, its tokenizer, its preprocessing)."""
 
@@ -7,7 +7,8 @@ import io
 import pytest
 from PIL import Image
 
-from ..model_folders import FAMILIES
+from devkit.model_folders import FAMILIES
+
 from .conftest import make_image
 from .served_pair import assert_encodings_match, assert_rank_matches, clip_scores, torch_and_onnx_flows
 

@@ -11,7 +11,8 @@ import socket
 import pytest
 import yaml
 
-from ..procfs import descendants, listening
+from devkit.procfs import descendants, listening
+
 from .conftest import ROOT, TINY, flow_from_yaml, free_port, set_port
 
 

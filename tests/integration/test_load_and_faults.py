@@ -9,8 +9,8 @@ from docarray import Document, DocumentArray
 from jina import Client, Flow
 
 from clipserve import CLIPEncoder
+from devkit.load import replica_pids, rss_mb, soak
 
-from ..load import replica_pids, rss_mb, soak
 from .conftest import TINY, make_image
 
 

@@ -23,7 +23,8 @@ import yaml
 from docarray import Document, DocumentArray
 from jina import Client
 
-from ..load import replica_pids
+from devkit.load import replica_pids
+
 from .conftest import ROOT, TINY, free_port, health, make_image, stop_process, wait_for
 
 HELD = Path(__file__).parent / 'helpers' / 'held_encoder.py'

@@ -1,4 +1,4 @@
-"""transformers checkpoints of each model type (shrunk, tests/model_folders.py) served as
+"""transformers checkpoints of each model type (shrunk, devkit/model_folders.py) served as
 `transformers:/folder` by the shipped torch and onnx Flows, through clip-client, against transformers' own
 model, tokenizer and PIL image processor on the same folder (SigLIP2: NaFlex patches, images of several
 aspect ratios in one request); /rank's scores, with siglip_score for the sigmoid-trained types."""

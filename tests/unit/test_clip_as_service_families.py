@@ -15,10 +15,10 @@ from clipserve.models.catalogue import catalogue
 from clipserve.models.families import cnclip, mclip
 from clipserve.models.names import parse_model_name
 from clipserve.models.registry import resolve
+from devkit.model_folders import mclip_folder
 
 from ..compare import relative_error
 from ..hub import hub_offline
-from ..model_folders import mclip_folder
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -101,7 +101,7 @@ def test_m_clip_tokenizes_as_clip_as_service_did(mclip_files):
 
 
 def test_m_clip_text_tower_equals_multilingual_clip_whatever_shares_the_batch(mclip_files):
-    from ..model_folders import mclip_reference
+    from devkit.model_folders import mclip_reference
 
     resolved = resolve(parse_model_name(f'M-CLIP/XLM-Roberta-Large-Vit-B-32::{mclip_files}'))
     tower = mclip.build_text_tower(resolved, mclip.text_folder(resolved))

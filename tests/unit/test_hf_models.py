@@ -17,10 +17,10 @@ from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import preprocess_image
 from clipserve.models.registry import resolve
 from clipserve.models.tokenizer_factory import make_tokenizer
+from devkit.model_folders import siglip_dir
 
 from ..compare import relative_error
 from ..hub import hub_offline
-from ..model_folders import siglip_dir
 
 open_clip = pytest.importorskip('open_clip')
 pytest.importorskip('transformers')  # open_clip's HFTokenizer, the reference

@@ -1,5 +1,5 @@
 """transformers checkpoints (`transformers:/folder`): for each model type, a shrunk checkpoint written by
-transformers itself (tests/model_folders.py), tokenized, preprocessed and encoded as transformers' own
+transformers itself (devkit/model_folders.py), tokenized, preprocessed and encoded as transformers' own
 tokenizer, PIL image processor and model do it (SigLIP2's NaFlex patches for images of any shape, in torch
 and in a torch-free ONNX replica); and the refusals (unknown types, code shipped with a checkpoint,
 processors clipserve cannot reproduce, offline hub ids). The served parity is in
