@@ -1,16 +1,19 @@
-"""clipserve in process (`from clipserve import Model`) against FastEmbed in process, on the same ONNX export.
+"""clipserve in process (`from clipserve import Model`) and served, against FastEmbed in process, on one ONNX export.
 
     .venv/bin/python -m benchmarks.in_process [--model ViT-B-32::random] [--export DIR] [--seconds 4] [--rounds 3]
+                                              [--no-served]
 
 Texts: FastEmbed's TextEmbedding (fastembed_text.py in a process of its own, `embed` of 256 copies of one
 caption a call, pooling and normalisation off since the graph pools) is the baseline; each clipserve
-configuration embeds the same 256 captions a call and is measured between two FastEmbed windows
-(common.bracketed), so its ratio holds on a busy machine. Configurations: Model(backend='onnx') on the very
-export FastEmbed runs, and Model(backend='torch') at its default precision. Images (generated 320x240 JPEGs
-as bytes, decoded by the Model): clipserve's rates, bracketed against Model(backend='onnx') fp32; FastEmbed's
-ImageEmbedding is not run (a custom image model needs a Hugging Face preprocessor config this script does not
-write). Needs the `bench` extra (fastembed). Prints a table, writes benchmarks/results/in_process.json and
-in_process.png.
+configuration is measured between two FastEmbed windows (common.bracketed), so its ratio holds on a busy
+machine. In process: Model(backend='onnx') on the very export FastEmbed runs, and Model(backend='torch') at
+its default precision, 256 captions a call (the model's best batch here). Served (served_rates.py, unless
+--no-served): `clipserve serve` on the same export (onnx), clients of 8 short captions a request, 1 and 4 of
+them, over gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of the onnx
+model's in-process rate. Images (generated 320x240 JPEG files, read and decoded by each tool): FastEmbed's
+ImageEmbedding on the same export's visual graph (fastembed_images.py, its default batch of 16) is the
+baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call. Needs the `bench` extra
+(fastembed). Prints a table, writes benchmarks/results/in_process.json and in_process.png.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from benchmarks import plots
 from benchmarks.common import bracketed, machine, markdown_table, save, sustained_rate
-from benchmarks.text_rates import FASTEMBED_BATCH, FastEmbedProcess
+from benchmarks.served_rates import PROTOCOLS, Served, texts_rate
+from benchmarks.text_rates import FASTEMBED_BATCH, FastEmbedImagesProcess, FastEmbedProcess
 
 CAPTION = 'a photo of a small brown dog running on the beach'
 IMAGES = 64  # per call
+SERVED_TEXTS = 8  # per request
+CLIENTS = (1, 4)
 
 
 def jpegs(n: int, seed: int = 0) -> list[bytes]:
@@ -42,12 +49,74 @@ def jpegs(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
+def write_jpegs(folder: Path, n: int) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, data in enumerate(jpegs(n)):
+        (folder / f'{i:03d}.jpg').write_bytes(data)
+        paths.append(str(folder / f'{i:03d}.jpg'))
+    return paths
+
+
+def served_name(protocol: str, clients: int) -> str:
+    return f'served {"gRPC /encode" if protocol == "grpc" else "HTTP /v1"}, {clients} client{"s" * (clients > 1)}'
+
+
+def measure_texts(args, export: str, models: dict, served: Served | None) -> dict:
+    texts = [CAPTION] * FASTEMBED_BATCH
+    measures = {
+        name: (lambda m=model: sustained_rate(lambda: m.embed_texts(texts), len(texts), args.seconds))
+        for name, model in models.items()
+    }
+    if served is not None:
+        request = [CAPTION] * SERVED_TEXTS
+        for protocol in PROTOCOLS:
+            for clients in CLIENTS:
+                measures[served_name(protocol, clients)] = lambda p=protocol, c=clients: texts_rate(
+                    served, p, c, request, args.seconds
+                )
+    with FastEmbedProcess(export, CAPTION) as fastembed:
+        ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
+        check = fastembed.check
+    onnx = ratios['clipserve onnx']
+    of_model = {name: ratio / onnx for name, ratio in ratios.items() if name.startswith('served')}
+    return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
+
+
+def measure_images(args, export: str, models: dict, image_dir: Path) -> dict:
+    paths = write_jpegs(image_dir, IMAGES)
+    measures = {
+        name: (lambda m=model: sustained_rate(lambda: m.embed_images(paths), len(paths), args.seconds))
+        for name, model in models.items()
+    }
+    with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
+        ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
+        check = fastembed.check
+    return {'rates': rates, 'vs_fastembed': ratios, 'fastembed_check': check}
+
+
+def table(results: dict) -> str:
+    texts, images = results['texts'], results['images']
+    rows = [['FastEmbed (onnx, in process)', f'{texts["rates"]["baseline"]:.1f}', '1.00x', '-']]
+    rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x']
+    for name, ratio in texts['vs_fastembed'].items():
+        of_model = texts['vs_onnx_in_process'].get(name)
+        rows.append(
+            [name, f'{texts["rates"][name]:.1f}', f'{ratio:.2f}x', '-' if of_model is None else f'{of_model:.2f}']
+        )
+        image_ratio = images['vs_fastembed'].get(name)
+        rows[-1] += ['-', '-'] if image_ratio is None else [f'{images["rates"][name]:.1f}', f'{image_ratio:.2f}x']
+    headers = ['', 'texts/s', 'vs FastEmbed', 'of onnx in process', 'images/s', 'vs FastEmbed']
+    return markdown_table(headers, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='ViT-B-32::random')
     parser.add_argument('--export', help='an export of --model (python -m clipserve export onnx); default: made now')
     parser.add_argument('--seconds', type=float, default=4.0)
     parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--no-served', action='store_true', help='skip the served rows')
     args = parser.parse_args()
 
     from clipserve import Model
@@ -59,48 +128,33 @@ def main() -> None:
 
             export = f'{scratch}/export'
             export_onnx(args.model, export)
-        texts, images = [CAPTION] * FASTEMBED_BATCH, jpegs(IMAGES)
         onnx = Model(args.model, backend='onnx', model_path=str(export), batch_size=FASTEMBED_BATCH)
         torch = Model(args.model, backend='torch', batch_size=FASTEMBED_BATCH)
-
-        def rate(model, kind):
-            if kind == 'texts':
-                return lambda: sustained_rate(lambda: model.embed_texts(texts), len(texts), args.seconds)
-            return lambda: sustained_rate(lambda: model.embed_images(images), len(images), args.seconds)
-
-        with FastEmbedProcess(str(export), CAPTION) as fastembed:
-            text_ratios, text_rates = bracketed(
-                lambda: fastembed.rate(args.seconds),
-                {'clipserve onnx': rate(onnx, 'texts'), f'clipserve torch ({torch.precision})': rate(torch, 'texts')},
-                args.rounds,
-            )
-            check = fastembed.check
-        image_ratios, image_rates = bracketed(
-            rate(onnx, 'images'), {f'clipserve torch ({torch.precision})': rate(torch, 'images')}, args.rounds
-        )
+        models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
+        if args.no_served:
+            texts = measure_texts(args, export, models, None)
+        else:
+            with Served(args.model, 'onnx', str(export)) as served:
+                texts = measure_texts(args, export, models, served)
+        images = measure_images(args, export, models, Path(scratch) / 'jpegs')
         onnx.close()
         torch.close()
 
-    rows = [['FastEmbed (onnx)', f'{text_rates["baseline"]:.1f}', '1.00x', '-', '-']]
-    rows.append(['clipserve onnx', f'{text_rates["clipserve onnx"]:.1f}', f'{text_ratios["clipserve onnx"]:.2f}x'])
-    rows[-1] += [f'{image_rates["baseline"]:.1f}', '1.00x']
-    torch_name = f'clipserve torch ({torch.precision})'
-    rows.append([torch_name, f'{text_rates[torch_name]:.1f}', f'{text_ratios[torch_name]:.2f}x'])
-    rows[-1] += [f'{image_rates[torch_name]:.1f}', f'{image_ratios[torch_name]:.2f}x']
-    headers = ['in process', 'texts/s', 'texts vs FastEmbed', 'images/s', 'images vs clipserve onnx']
-    print(markdown_table(headers, rows))
-    print(f'FastEmbed against clipserve on the export: {check}')
     results = {
         'model': args.model,
         'machine': machine(),
         'seconds': args.seconds,
         'rounds': args.rounds,
-        'texts_per_call': len(texts),
-        'images_per_call': len(images),
-        'fastembed_check': check,
-        'texts': {'rates': text_rates, 'vs_fastembed': text_ratios},
-        'images': {'rates': image_rates, 'vs_onnx': image_ratios},
+        'texts_per_call': FASTEMBED_BATCH,
+        'texts_per_request_served': SERVED_TEXTS,
+        'images_per_call': IMAGES,
+        'texts': texts,
+        'images': images,
     }
+    print(table(results))
+    print(
+        f'FastEmbed against clipserve on the export: texts {texts["fastembed_check"]}, images {images["fastembed_check"]}'
+    )
     path = save('in_process', results)
     plots.in_process(results, path)
     print(f'wrote {path}')

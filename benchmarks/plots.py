@@ -206,19 +206,22 @@ def overload(results: dict, path: Path) -> bool:
 
 
 def in_process(results: dict, path: Path) -> bool:
-    def draw(axes):
-        texts = results['texts']['rates']
-        axes[0].bar(['FastEmbed', *[k for k in texts if k != 'baseline']], list(texts.values()), color='C0')
-        axes[0].set_ylabel('texts/s')
-        axes[0].set_title(f'texts in process ({results["texts_per_call"]} a call)', fontsize=9)
-        images = results['images']['rates']
-        axes[1].bar(['clipserve onnx', *[k for k in images if k != 'baseline']], list(images.values()), color='C2')
-        axes[1].set_ylabel('images/s')
-        axes[1].set_title(f'images in process ({results["images_per_call"]} a call)', fontsize=9)
-        for ax in axes:
-            ax.tick_params(axis='x', labelsize=8)
+    """Texts/s and images/s of each configuration (in process and served), FastEmbed's first."""
 
-    return figure(path, draw, ncols=2, figsize=(10, 3.5))
+    def draw(axes):
+        for ax, kind, color in ((axes[0], 'texts', 'C0'), (axes[1], 'images', 'C2')):
+            rates = results[kind]['rates']
+            baseline = results[kind].get('baseline_name', 'FastEmbed')
+            names = [baseline, *[k for k in rates if k != 'baseline']]
+            ax.barh(
+                names[::-1], [rates['baseline'], *[v for k, v in rates.items() if k != 'baseline']][::-1], color=color
+            )
+            ax.set_xlabel(f'{kind}/s')
+            ax.tick_params(axis='y', labelsize=7)
+        axes[0].set_title(f'texts ({results["texts_per_call"]} a call in process)', fontsize=9)
+        axes[1].set_title(f'images ({results["images_per_call"]} a call)', fontsize=9)
+
+    return figure(path, draw, ncols=2, figsize=(11, 3.8))
 
 
 DRAWERS = {f.__name__: f for f in (serving, precision, late_interaction, bulk, search, rerank, overload, in_process)}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import bracketed, markdown_table, sustained_rate
 
+ROOT = Path(__file__).resolve().parents[1]
 SWEEP = (16, 32, 64)  # batches beyond the clients' (8) measured in the main rounds
 NEXT = 128  # measured too when the rate still rises from 32 to 64
 FASTEMBED_BATCH = 256
@@ -32,19 +33,18 @@ def model_only(backend, tokenizer, text: str, batch: int):
     return lambda: backend.encode_texts(tokenizer([text] * batch).input_ids)
 
 
-class FastEmbedProcess:
-    """fastembed_text.py --serve on an export: started (and checked against clipserve) once, timed per window."""
+class RateProcess:
+    """A benchmark script in a process of its own, started (and checked against clipserve) once, then asked for
+    one sustained rate per window: its threads share nothing with the caller's (fastembed_text.py --serve)."""
 
-    def __init__(self, export_dir: str, text: str, batch: int = FASTEMBED_BATCH):
-        self.args = [sys.executable, str(Path(__file__).with_name('fastembed_text.py')), export_dir]
-        self.args += ['--text', text, '--batch', str(batch), '--serve']
-        self.batch = batch
+    def __init__(self, args: list[str], key: str):
+        self.args, self.key = args, key
         self.check: dict = {}
 
-    def __enter__(self) -> FastEmbedProcess:
+    def __enter__(self) -> RateProcess:
         self.stderr = tempfile.TemporaryFile(mode='w+')
         self.proc = subprocess.Popen(
-            self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+            self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=ROOT
         )
         self.check = self._answer()
         return self
@@ -52,7 +52,7 @@ class FastEmbedProcess:
     def rate(self, seconds: float) -> float:
         self.proc.stdin.write(f'{seconds}\n')
         self.proc.stdin.flush()
-        return self._answer()['texts_per_s']
+        return self._answer()[self.key]
 
     def _answer(self) -> dict:
         line = self.proc.stdout.readline()
@@ -62,7 +62,7 @@ class FastEmbedProcess:
             self.proc.wait(timeout=30)
             self.stderr.seek(0)
             raise RuntimeError(
-                f'fastembed_text.py failed ({self.proc.returncode}):\n{self.stderr.read()[-3000:]}'
+                f'{" ".join(self.args[1:3])} failed ({self.proc.returncode}):\n{self.stderr.read()[-3000:]}'
             ) from None
 
     def __exit__(self, *exc) -> None:
@@ -72,6 +72,23 @@ class FastEmbedProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.stderr.close()
+
+
+class FastEmbedProcess(RateProcess):
+    """fastembed_text.py --serve on an export: FastEmbed's TextEmbedding, texts/s per window."""
+
+    def __init__(self, export_dir: str, text: str, batch: int = FASTEMBED_BATCH):
+        args = [sys.executable, '-m', 'benchmarks.fastembed_text', export_dir, '--text', text, '--batch', str(batch)]
+        super().__init__([*args, '--serve'], 'texts_per_s')
+        self.batch = batch
+
+
+class FastEmbedImagesProcess(RateProcess):
+    """fastembed_images.py --serve on an export and a folder of JPEGs: FastEmbed's ImageEmbedding, images/s."""
+
+    def __init__(self, export_dir: str, image_dir: str):
+        args = [sys.executable, '-m', 'benchmarks.fastembed_images', export_dir, image_dir, '--serve']
+        super().__init__(args, 'images_per_s')
 
 
 def fastembed(export_dir: str, text: str):
