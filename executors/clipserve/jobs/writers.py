@@ -17,7 +17,6 @@ redone by the next run, and a rerun never duplicates or loses a row.
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -231,16 +230,19 @@ def check_rerun(folder: Path, job: dict) -> None:
 
 
 class FolderLock:
-    """One run per output folder at a time (an advisory lock, released when the process ends, however)."""
+    """One run per output folder at a time (an OS file lock, released when the process ends, however)."""
 
     def __init__(self, folder: Path):
+        from filelock import FileLock, Timeout
+
         folder.mkdir(parents=True, exist_ok=True)
-        self._file = open(folder / LOCK, 'a+')
+        self._lock = FileLock(folder / LOCK, timeout=0)
         try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.close()
-            raise OutputError(f'another embed run is writing to {folder}; wait for it or choose another --output')
+            self._lock.acquire()
+        except Timeout:
+            raise OutputError(
+                f'another embed run is writing to {folder}; wait for it or choose another --output'
+            ) from None
 
     def release(self) -> None:
-        self._file.close()
+        self._lock.release()
