@@ -83,7 +83,7 @@ def test_a_512_mib_grpc_message_without_the_token_is_refused_at_once_and_never_b
         f'512 MiB gRPC message without the token: ended by {refused.ended_by} after {refused.seconds:.2f} s, '
         f'{refused.sent / MiB:.1f} MiB taken, gateway grew {grown:.0f} MiB'
     )
-    assert refused.ended_by in ('trailers', 'reset') and refused.seconds < 1, refused
+    assert refused.ended_by in ('trailers', 'reset') and refused.seconds < 5, refused  # not after 512 MiB
     assert refused.sent < 64 * MiB and grown < 64, (refused, grown)
     # the same through a gRPC library (clip-client's method; the bytes sent as they are): the status it sees
     payload = bytes(512 * MiB)
