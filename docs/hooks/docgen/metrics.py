@@ -1,7 +1,7 @@
 """The metrics reference: every Prometheus metric clipserve registers, read from the collectors themselves.
 
-Every class named `...Metrics` in the package (serving/replica/metrics.py's `Metrics`, gateway_metrics.py's `GatewayMetrics`,
-openai_routes.py's `OpenAIMetrics`, and any added later) is built with a fresh registry, as a replica or a
+Every class named `...Metrics` in the package (serving/replica/metrics.py's `Metrics`, serving/gateway/metrics.py's
+`GatewayMetrics`, openai_routes.py's `OpenAIMetrics`, and any added later) is built with a fresh registry, as a replica or a
 gateway builds it when monitoring is on; the page lists what that registry then holds: name, type, labels
 and help text. Where a module also has a METRICS table, the tests check that it agrees.
 """

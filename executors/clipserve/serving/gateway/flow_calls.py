@@ -1,7 +1,7 @@
 """The `/v1` routes' calls to the Flow: models, embeddings, rank, each one Jina request (search: search_calls.py,
 rerank: rerank_calls.py).
 
-Each request becomes one Jina request, sent through the gateway's own streamer (jina_gateway.send_request)
+Each request becomes one Jina request, sent through the gateway's own streamer (jina/gateway_hooks.send_request)
 to the same executors `/encode/<model>` and `/rank/<model>` reach, so dynamic batching, admission, the URI
 policy, the size caps, per-document errors and the Prometheus metrics apply as they do to those. The
 routes themselves (HTTP, bodies, deadlines) are openai_routes.py's; the shapes openai_api.py's and

@@ -35,7 +35,7 @@ from jina.serve.runtimes.servers.http import FastAPIBaseServer, HTTPServer
 from jina.serve.runtimes.servers.websocket import WebSocketServer
 
 from clipserve.config.parameters import check_bool, env_or_default
-from clipserve.serving.gateway import flow_calls as openai_gateway
+from clipserve.serving.gateway import flow_calls
 from clipserve.serving.gateway import limits as limits_
 from clipserve.serving.gateway import openai_routes as v1_routes
 from clipserve.serving.gateway.auth import (
@@ -201,7 +201,7 @@ class ReadyGateway(CompositeGateway):
         self.openai = None
         if check_bool('openai_routes', env_or_default(openai_routes, True)):
             self.openai = (
-                openai_gateway.FlowCalls(self.streamer, self.logger),
+                flow_calls.FlowCalls(self.streamer, self.logger),
                 v1_routes.OpenAIMetrics(registry),
                 check_bool('playground', env_or_default(playground, True)),
             )

@@ -333,7 +333,7 @@ async def _one(request_iterator):
 def counted(handler, in_flight: InFlight, stream_cap: int | None = None):
     """`handler`, holding a place in `in_flight` while it runs: entered and left inside the call, so a call
     that fails before it runs holds none. A unary request is read inside too (served client-streaming).
-    `stream_cap`: the most requests of one client stream the gateway holds at once (jina_gateway)."""
+    `stream_cap`: the most requests of one client stream the gateway holds at once (jina/gateway_hooks.py)."""
     streaming_in, streaming_out = handler.request_streaming, handler.response_streaming
     inner = {
         (False, False): handler.unary_unary,
