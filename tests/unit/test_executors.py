@@ -7,7 +7,7 @@ import pytest
 from docarray import Document, DocumentArray
 
 from clipserve import CLIPEncoder, CLIPRanker
-from clipserve.errors import InvalidDocumentError
+from clipserve.errors import InvalidDocumentError, InvalidParameterError
 
 from ..conftest import TINY
 
@@ -83,6 +83,18 @@ def test_warm_up_runs_before_serving_and_leaves_the_counters_at_zero():
         assert info['warmup_seconds'] > 0 and info['draining'] is False and info['texts_encoded'] == 0
     finally:
         executor.close()
+
+
+def test_the_constructor_takes_clip_as_services_arguments_and_names_an_unknown_one():
+    """clip-as-service's `with:` keys (jit and traversal_paths included) build an executor; a key no setting
+    has is refused naming it, where Jina's Executor would have dropped it silently."""
+    executor = CLIPEncoder(name=TINY, jit=False, traversal_paths='@r', num_worker_preprocess=1, minibatch_size=4)
+    try:
+        assert executor.access_paths == '@r' and executor.minibatch_size == 4
+    finally:
+        executor.close()
+    with pytest.raises(InvalidParameterError, match='minibatchsize'):
+        CLIPEncoder(name=TINY, minibatchsize=4)
 
 
 def test_closing_the_executor_stops_the_pipeline_then_closes_the_backend():

@@ -88,6 +88,15 @@ def test_unknown_arguments_are_refused():
         executor_settings(minibatchsize=4)
 
 
+def test_clip_as_services_jit_is_accepted_and_ignored_saying_so_when_on():
+    """clip-as-service's YAMLs pass `jit` (TorchScript); clipserve runs the model as it is, so the key is taken,
+    a warning says it is ignored when it is on, and nothing when it is off."""
+    assert 'jit' in executor_settings(jit=True).warnings[0]
+    assert executor_settings(jit=False).warnings == executor_settings().warnings
+    with pytest.raises(InvalidParameterError, match='jit'):
+        executor_settings(jit='sometimes')
+
+
 def test_the_deprecated_name_still_works_and_says_so():
     settings = executor_settings(traversal_paths='@c')
     assert settings.access_paths == '@c' and 'deprecated' in settings.warnings[0]

@@ -385,11 +385,18 @@ def read_settings(table: tuple[Setting, ...], arguments: dict, environ=None) -> 
 
 
 def executor_settings(environ=None, **arguments) -> Settings:
-    """An executor's settings, checked; the deprecated `traversal_paths` sets `access_paths`."""
+    """An executor's settings, checked; the deprecated `traversal_paths` sets `access_paths`, and clip-as-service's
+    `jit` (TorchScript, which clipserve does not run) is accepted and ignored, saying so when it is on."""
     old = env_or_default(arguments.pop('traversal_paths', None), None)
+    jit = arguments.pop('jit', None)
     values = read_settings(EXECUTOR_SETTINGS, arguments, environ)
     if old is not None:
         values['access_paths'] = old
         values['warnings'] = (*values['warnings'], '"traversal_paths" is deprecated; use "access_paths"')
+    if jit is not None and check_bool('jit', jit):
+        values['warnings'] = (
+            *values['warnings'],
+            '"jit" (clip-as-service\'s TorchScript) is ignored: the model runs as it is',
+        )
     values['access_paths'] = check_access_paths('access_paths', values['access_paths'])
     return values
