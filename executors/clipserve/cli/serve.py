@@ -16,13 +16,13 @@ import tempfile
 from pathlib import Path
 
 from clipserve.cli.errors import UsageError
+from clipserve.config.settings import TOKEN_ENV
 from clipserve.models.runtimes import BACKENDS
 
 SOURCE_FLOWS = Path(__file__).resolve().parents[3] / 'flows'  # a checkout (editable install)
 INSTALLED_FLOWS = Path('share') / 'clipserve' / 'flows'  # under sys.prefix: a wheel's data files
 DTYPES = ('auto', 'fp32', 'fp16', 'bf16', 'int8')
 PROTOCOLS = ('grpc', 'http', 'websocket')
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'  # the gateway's (serving/gateway/auth.py) and the clients' name
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 # the flags that build a Flow: with a YAML they would be ignored, so they are refused instead
 BUILD_FLAGS = (

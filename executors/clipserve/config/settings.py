@@ -21,6 +21,8 @@ from clipserve.errors import InvalidParameterError
 from clipserve.models.runtimes import BACKENDS
 
 MiB = 1024 * 1024
+# a Flow's token: the gateway requires it, `clipserve serve --token` sets it, `embed --server` and the clients send it
+TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+from clipserve.config.settings import TOKEN_ENV
 from clipserve.jobs.bridge import BACKENDS
 from clipserve.jobs.job import MODALITIES, JobOptions, prepare
 from clipserve.jobs.readers import FORMATS, InputError
 from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest, check_rerun
 
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 OLD_TOKEN_ENV = 'CLIPSERVE_TOKEN'  # this command's name for it before 0.1.0
 
 

@@ -21,12 +21,12 @@ import os
 
 import grpc
 
+from clipserve.config.settings import TOKEN_ENV
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway.limits import refusing
 from clipserve.serving.gateway.readiness import HEALTH_PATH, LIVE_PATH, READY_PATH
 
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 AUTH_ENV = 'CLIPSERVE_AUTH'  # the gateway's `auth` where its argument is not given: required | optional | off
 AUTH_MODES = ('required', 'optional', 'off')
 # Open without the token: the standard gRPC health service (SERVING / NOT_SERVING only).
