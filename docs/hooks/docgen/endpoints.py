@@ -157,7 +157,7 @@ def parameters_in_code() -> dict[str, set[str]]:
     """Request parameter -> the files that read it."""
     found: dict[str, set[str]] = {}
     package = ROOT / 'executors' / 'clipserve'
-    for path in [*(package / 'serving').glob('*.py'), *(package / 'config').glob('*.py')]:
+    for path in [*(package / 'serving').rglob('*.py'), *(package / 'config').glob('*.py')]:
         text = path.read_text(encoding='utf-8')
         for pattern in READS:
             for name in pattern.findall(text):

@@ -26,8 +26,9 @@ def modules_page() -> str:
     intro = (
         'The layers (each imports only the ones below it; import-linter checks it, `pyproject.toml '
         '[tool.importlinter]`): `errors`, `inputs`, `models`, `backends`, `engine`, `config`, then `serving` '
-        'and `jobs`, then the command line. Only `serving` knows Jina and DocArray. The client imports nothing '
-        'of the server.\n'
+        "and `jobs`, then the command line. Only `serving` knows Jina and DocArray; within it the gateway's process "
+        "(`serving.gateway`) and the replicas' (`serving.replica`) meet only in their door, `serving.jina`. The "
+        'client imports nothing of the server.\n'
     )
     rows = [(f'`{m}`', s) for _, m, s in module_rows()]
     return page(
