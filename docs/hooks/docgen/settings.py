@@ -234,7 +234,8 @@ def settings_page() -> str:
     parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
     source = (
         'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.config.indexer_settings.INDEXER_SETTINGS, '
-        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.gateway.limits.GATEWAY_SETTINGS, serving/gateway/gateways.py'
+        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.gateway.limits.GATEWAY_SETTINGS, '
+        'serving/gateway/gateways.py'
     )
     return page('Settings', source, *parts)
 
