@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from clipserve.cli.errors import UsageError
-from clipserve.config.settings import TOKEN_ENV
+from clipserve.config.parameters import TOKEN_ENV
 from clipserve.models.runtimes import BACKENDS
 
 SOURCE_FLOWS = Path(__file__).resolve().parents[3] / 'flows'  # a checkout (editable install)

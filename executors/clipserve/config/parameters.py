@@ -51,6 +51,9 @@ def check_access_paths(key: str, value) -> str:
     return value.strip()
 
 
+# a Flow's token: the gateway requires it, `clipserve serve --token` sets it, `embed --server` and the clients send it
+TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
+
 # Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
 # routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.
 TOKEN_COUNTS_PARAMETER = 'token_counts'

@@ -21,8 +21,6 @@ from clipserve.errors import InvalidParameterError
 from clipserve.models.runtimes import BACKENDS
 
 MiB = 1024 * 1024
-# a Flow's token: the gateway requires it, `clipserve serve --token` sets it, `embed --server` and the clients send it
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
 
 
 @dataclass(frozen=True)
@@ -396,9 +394,6 @@ def executor_settings(environ=None, **arguments) -> Settings:
         values['access_paths'] = old
         values['warnings'] = (*values['warnings'], '"traversal_paths" is deprecated; use "access_paths"')
     if jit is not None and check_bool('jit', jit):
-        values['warnings'] = (
-            *values['warnings'],
-            '"jit" (clip-as-service\'s TorchScript) is ignored: the model runs as it is',
-        )
+        values['warnings'] = (*values['warnings'], '"jit" (TorchScript) is ignored: the model runs as it is')
     values['access_paths'] = check_access_paths('access_paths', values['access_paths'])
     return values

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from clipserve.config.settings import TOKEN_ENV
+from clipserve.config.parameters import TOKEN_ENV
 from clipserve.jobs.bridge import BACKENDS
 from clipserve.jobs.job import MODALITIES, JobOptions, prepare
 from clipserve.jobs.readers import FORMATS, InputError

@@ -21,7 +21,7 @@ import os
 
 import grpc
 
-from clipserve.config.settings import TOKEN_ENV
+from clipserve.config.parameters import TOKEN_ENV
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway.limits import refusing
