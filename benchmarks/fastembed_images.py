@@ -22,8 +22,9 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchmarks.common import sustained_rate
 
 MODEL_NAME = 'Qdrant/clip-ViT-B-32-vision'  # FastEmbed's CLIP ViT-B/32 image model: 512-d, model.onnx
 MODEL_DIM = 512
@@ -87,12 +88,7 @@ def images_per_second(model, paths: list[str], batch: int, seconds: float) -> fl
         for _ in model.embed(paths, batch_size=batch):
             pass
 
-    call()
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        call()
-        done += len(paths)
-    return done / (time.perf_counter() - started)
+    return sustained_rate(call, len(paths), seconds)
 
 
 def main() -> None:

@@ -31,8 +31,9 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchmarks.common import sustained_rate
 
 SOT, EOT = '<start_of_text>', '<end_of_text>'  # open_clip's names, which clipserve's Tokenizer also reads in texts
 MODEL_NAME = 'clipserve/textual-onnx'  # the name FastEmbed registers the export under
@@ -235,12 +236,7 @@ def texts_per_second(model, text: str, batch: int, seconds: float) -> float:
         for _ in model.embed(texts, batch_size=batch):
             pass
 
-    call()
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        call()
-        done += batch
-    return done / (time.perf_counter() - started)
+    return sustained_rate(call, batch, seconds)
 
 
 def main() -> None:
