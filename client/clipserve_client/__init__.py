@@ -3,6 +3,7 @@
     from clipserve_client import Client
     with Client('http://127.0.0.1:51001') as client:
         vectors = client.encode(['a photo of a dog', Path('dog.jpg')])   # float32 [2, D], L2-normalised
+        result = client.encode_partial(paths)     # a bad image costs its own row: result.failed names it
         scores = client.rank('a dog', [Path('dog.jpg'), Path('car.jpg')])
         found = client.search('a dog on a beach', top_k=5)               # flows/search.yml
         best = client.rerank('capital of France?', ['Paris is...', 'Berlin is...'])   # flows/rerank.yml
@@ -24,11 +25,13 @@ from clipserve_client.errors import (
     ClipServeClientError,
     FetchError,
     InternalServerError,
+    ItemError,
     NotFoundError,
     RateLimitError,
     RequestTooLargeError,
     UnexpectedAnswerError,
 )
+from clipserve_client.partial import Encoded
 from clipserve_client.wire import Found, Model, Reranked
 
 __all__ = [
@@ -39,11 +42,13 @@ __all__ = [
     'AuthenticationError',
     'BadRequestError',
     'Client',
+    'Encoded',
     'Found',
     'Reranked',
     'ClipServeClientError',
     'FetchError',
     'InternalServerError',
+    'ItemError',
     'Model',
     'NotFoundError',
     'RateLimitError',

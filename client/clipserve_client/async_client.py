@@ -14,7 +14,8 @@ import numpy as np
 from clipserve_client.base import ClientBase
 from clipserve_client.connection import DEFAULT_SERVER, answer_of, transport_error
 from clipserve_client.errors import APIStatusError, shift_items
-from clipserve_client.inputs import batches, check_many, prepare
+from clipserve_client.inputs import batches, check_many, prepare, prepare_each
+from clipserve_client.partial import Encoded, Pieces, gather
 from clipserve_client.progress import Progress, ProgressArg
 from clipserve_client.retry import Attempts
 from clipserve_client.wire import (
@@ -71,20 +72,34 @@ class AsyncClient(ClientBase):
             results[offset] = read_embeddings(answer, len(items))
             bar.advance(len(items))
 
-        running: set[asyncio.Task] = set()
         with Progress(progress, len(inputs) if hasattr(inputs, '__len__') else None, 'encode') as bar:
-            try:
-                for offset, chunk in batches(inputs, size):
-                    if len(running) >= self._max_concurrency:  # bounds the prepared batches held in memory
-                        running = await _settle(running, asyncio.FIRST_COMPLETED)
-                    running.add(asyncio.create_task(one(offset, chunk, bar)))
-                while running:
-                    running = await _settle(running, asyncio.FIRST_COMPLETED)
-            finally:
-                for task in running:
-                    task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+            await self._run_batches(batches(inputs, size), one, bar)
         return np.concatenate([results[k] for k in sorted(results)]) if results else np.zeros((0, 0), np.float32)
+
+    async def encode_partial(
+        self, inputs, *, model: str | None = None, batch_size: int | None = None, progress: ProgressArg = None
+    ) -> Encoded:
+        """Client.encode_partial, awaitable: the batches are sent concurrently."""
+        check_many(inputs, 'encode_partial')
+        size, model = self._batch_size(batch_size), self._model(model)
+        done: list[Pieces] = []
+        loader = self._settings.loader
+
+        async def one(offset: int, chunk: list, bar: Progress) -> None:
+            pieces = Pieces(offset, await asyncio.to_thread(prepare_each, chunk, offset, loader))
+            while (part := pieces.next()) is not None:
+                try:
+                    answer = await self._request('POST', EMBEDDINGS, embeddings_body(pieces.items_of(part), model))
+                except APIStatusError as error:
+                    pieces.refused(part, error)
+                else:
+                    pieces.answered(part, read_embeddings(answer, len(part)))
+            done.append(pieces)
+            bar.advance(len(chunk))
+
+        with Progress(progress, len(inputs) if hasattr(inputs, '__len__') else None, 'encode') as bar:
+            await self._run_batches(batches(inputs, size), one, bar)
+        return gather(done)
 
     async def rank(self, query, documents, *, model: str | None = None, score: str = 'clip_score') -> np.ndarray:
         """Client.rank, awaitable."""
@@ -113,6 +128,22 @@ class AsyncClient(ClientBase):
 
     async def __aexit__(self, *exc_info) -> None:
         await self.aclose()
+
+    async def _run_batches(self, chunks, one, bar: Progress) -> None:
+        """`one(offset, chunk, bar)` for each batch, at most `max_concurrency` at once (which also bounds the
+        prepared batches held in memory); the first failure cancels the others and is raised."""
+        running: set[asyncio.Task] = set()
+        try:
+            for offset, chunk in chunks:
+                if len(running) >= self._max_concurrency:
+                    running = await _settle(running, asyncio.FIRST_COMPLETED)
+                running.add(asyncio.create_task(one(offset, chunk, bar)))
+            while running:
+                running = await _settle(running, asyncio.FIRST_COMPLETED)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _request(self, method: str, path: str, body: dict | None = None, offset: int = 0) -> dict:
         attempts = Attempts(self._settings.retry)

@@ -10,7 +10,8 @@ import numpy as np
 from clipserve_client.base import ClientBase
 from clipserve_client.connection import answer_of, transport_error
 from clipserve_client.errors import APIStatusError, shift_items
-from clipserve_client.inputs import batches, check_many, prepare
+from clipserve_client.inputs import batches, check_many, prepare, prepare_each
+from clipserve_client.partial import Encoded, Pieces, gather
 from clipserve_client.progress import Progress, ProgressArg
 from clipserve_client.retry import Attempts
 from clipserve_client.wire import (
@@ -67,6 +68,29 @@ class Client(ClientBase):
                 rows.append(read_embeddings(answer, len(items)))
                 bar.advance(len(items))
         return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+
+    def encode_partial(
+        self, inputs, *, model: str | None = None, batch_size: int | None = None, progress: ProgressArg = None
+    ) -> Encoded:
+        """`encode`, where a bad input costs only its own row: an ``Encoded`` with the vectors of the inputs
+        that worked (``vectors``, their positions in ``indices``) and ``failed``: {position: reason} for the
+        others (unreadable here, or refused by the server). Errors that are not about inputs still raise."""
+        check_many(inputs, 'encode_partial')
+        size, model = self._batch_size(batch_size), self._model(model)
+        done = []
+        with Progress(progress, len(inputs) if hasattr(inputs, '__len__') else None, 'encode') as bar:
+            for offset, chunk in batches(inputs, size):
+                pieces = Pieces(offset, prepare_each(chunk, offset, self._settings.loader))
+                while (part := pieces.next()) is not None:
+                    try:
+                        answer = self._request('POST', EMBEDDINGS, embeddings_body(pieces.items_of(part), model))
+                    except APIStatusError as error:
+                        pieces.refused(part, error)
+                    else:
+                        pieces.answered(part, read_embeddings(answer, len(part)))
+                done.append(pieces)
+                bar.advance(len(chunk))
+        return gather(done)
 
     def rank(self, query, documents, *, model: str | None = None, score: str = 'clip_score') -> np.ndarray:
         """Score `documents` (texts or images) against `query` (a text or an image), in the documents' order.

@@ -9,6 +9,7 @@ caller that does not know this module still catches them.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 
 
 class ClipServeClientError(Exception):
@@ -35,9 +36,21 @@ class APITimeoutError(ClipServeClientError, TimeoutError):
     retryable = False
 
 
+@dataclass(frozen=True)
+class ItemError:
+    """One input the server refused: its position in the caller's inputs, its name in the request
+    (``input[3].image``), the reason and its code."""
+
+    index: int
+    message: str
+    param: str = ''
+    code: str | None = None
+
+
 class APIStatusError(ClipServeClientError):
     """The server answered with an error status. `status`, `message`, `type`, `param`, `code` are OpenAI's
-    fields; `retry_after` the seconds the server asked to wait (429/503), if it said."""
+    fields; `retry_after` the seconds the server asked to wait (429/503), if it said; `items` the inputs it
+    refused, each an ItemError, when it named them (a clipserve server does for bad texts and images)."""
 
     retryable = False
 
@@ -51,11 +64,13 @@ class APIStatusError(ClipServeClientError):
         code: str | None = None,
         retry_after: float | None = None,
         url: str = '',
+        items: tuple[ItemError, ...] = (),
     ):
         super().__init__(f'{url + ": " if url else ""}HTTP {status}: {message}')
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.retry_after = retry_after
         self.url = url
+        self.items = tuple(items)
 
 
 class BadRequestError(APIStatusError):
@@ -109,7 +124,21 @@ def status_error(status: int, body, headers=None, url: str = '') -> APIStatusErr
         message, fields = str(detail if detail is not None else body)[:500], {}
     kind = _BY_STATUS.get(status) or (InternalServerError if status >= 500 else APIStatusError)
     retry_after = parse_retry_after((headers or {}).get('retry-after'))
-    return kind(status, message or f'HTTP {status}', retry_after=retry_after, url=url, **fields)
+    items = read_items(error.get('items')) if isinstance(error, dict) else ()
+    return kind(status, message or f'HTTP {status}', retry_after=retry_after, url=url, items=items, **fields)
+
+
+def read_items(value) -> tuple[ItemError, ...]:
+    """The `items` of an error answer (the failed inputs, by position); entries that are not such are skipped."""
+    items = []
+    for entry in value if isinstance(value, list) else ():
+        index = entry.get('index') if isinstance(entry, dict) else None
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            code = entry.get('code')
+            items.append(
+                ItemError(index, str(entry.get('message') or ''), str(entry.get('param') or ''), code and str(code))
+            )
+    return tuple(items)
 
 
 def parse_retry_after(value) -> float | None:
@@ -151,5 +180,6 @@ def shift_items(error: APIStatusError, offset: int) -> APIStatusError:
         code=error.code,
         retry_after=error.retry_after,
         url=error.url,
+        items=tuple(replace(item, index=item.index + offset, param=renumber(item.param)) for item in error.items),
     )
     return shifted

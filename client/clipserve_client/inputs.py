@@ -138,9 +138,25 @@ def batches(inputs: Iterable, size: int) -> Iterator[tuple[int, list]]:
 
 
 def prepare(chunk: list, offset: int, loader: Loader) -> list[dict]:
-    """The items of one batch; the batch's URLs are downloaded in parallel."""
+    """The items of one batch; the batch's URLs are downloaded in parallel. The first bad input raises."""
+    items = prepare_each(chunk, offset, loader)
+    for item in items:
+        if isinstance(item, Exception):
+            raise item
+    return items
+
+
+def prepare_each(chunk: list, offset: int, loader: Loader) -> list[dict | Exception]:
+    """Each input's item, or the error (naming the input) that it could not be read for."""
+
+    def one(pair):
+        try:
+            return to_item(pair[1], f'input {offset + pair[0]}', loader)
+        except (TypeError, ValueError, OSError) as err:
+            return err
+
     fetching = sum(1 for value in chunk if isinstance(value, str) and is_url(value)) if loader.fetch_urls else 0
     if fetching > 1:
         with ThreadPoolExecutor(max_workers=min(fetching, _FETCH_THREADS)) as pool:
-            return list(pool.map(lambda pair: to_item(pair[1], f'input {offset + pair[0]}', loader), enumerate(chunk)))
-    return [to_item(value, f'input {offset + i}', loader) for i, value in enumerate(chunk)]
+            return list(pool.map(one, enumerate(chunk)))
+    return [one(pair) for pair in enumerate(chunk)]

@@ -64,6 +64,7 @@ def exhausted(error: Exception, attempts: int, seconds: float, retries: int) -> 
             code=error.code,
             retry_after=error.retry_after,
             url=error.url,
+            items=error.items,
         )
     else:
         final = type(error)(f'{error} ({note})')

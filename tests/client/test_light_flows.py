@@ -128,6 +128,38 @@ def test_a_bad_image_is_a_400_naming_its_position_in_the_callers_list(http_url):
     assert 'input[3]' in str(err.value) and 'input[1]' not in str(err.value)
 
 
+def test_encode_partial_costs_a_bad_input_only_its_own_row(http_url, image_file, tmp_path):
+    """Refused by the server (an undecodable image, named in the error's `items`) or unreadable here (a
+    missing file): those rows fail with their reasons; every other input gets the vector `encode` gives it."""
+    inputs = ['a', b'not an image', 'c', tmp_path / 'missing.jpg', image_file, b'\x89PNG broken', 'g']
+    good = [0, 2, 4, 6]
+    expected = Client(http_url).encode([inputs[i] for i in good])
+    result = Client(http_url).encode_partial(inputs, batch_size=3)
+    assert result.indices == good and len(result) == len(inputs)
+    assert_cosine(result.vectors, expected, SAME)
+    assert sorted(result.failed) == [1, 3, 5]
+    assert 'the server refused it' in result.failed[1] and 'the server refused it' in result.failed[5]
+    assert 'input 3' in result.failed[3] and 'missing.jpg' in result.failed[3]
+
+    async def main():
+        async with AsyncClient(http_url, max_concurrency=2, batch_size=2) as client:
+            return await client.encode_partial(inputs)
+
+    concurrent = asyncio.run(main())
+    assert concurrent.indices == good and concurrent.failed == result.failed
+    assert_cosine(concurrent.vectors, expected, SAME)
+
+
+def test_the_servers_error_names_each_bad_item_by_position(http_url):
+    with pytest.raises(BadRequestError) as err:
+        Client(http_url).encode(['a', b'not an image', 'c', b'nor this'], batch_size=4)
+    assert [(item.index, item.param) for item in err.value.items] == [(1, 'input[1]'), (3, 'input[3]')]
+    assert all(item.message and item.message in err.value.message for item in err.value.items)
+    with pytest.raises(BadRequestError) as err:  # renumbered to the caller's list across batches
+        Client(http_url).encode(['a', 'b', 'c', b'not an image'], batch_size=2)
+    assert [(item.index, item.param) for item in err.value.items] == [(3, 'input[3]')]
+
+
 def test_an_unknown_model_is_a_404_listing_the_served_ones(http_url):
     with pytest.raises(NotFoundError, match=TINY) as err:
         Client(http_url, model='ViT-H-14::laion2b-s32b-b79k').encode(['a dog'])

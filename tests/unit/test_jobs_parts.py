@@ -86,17 +86,6 @@ def test_the_output_folder_belongs_to_one_job_and_one_run(tmp_path):
     FolderLock(tmp_path).release()
 
 
-def test_the_client_reads_which_items_the_route_refused():
-    """The message the gateway builds (openai_errors.failures_error) is what the client parses back into rows."""
-    from clipserve.jobs.server_client import _ITEM_ERROR
-    from clipserve.serving.gateway.openai_errors import failures_error
-
-    params = {f'input-{i}': f'input[{i}]' for i in range(12)}
-    error = failures_error([('input-3', 'not an image; or is it'), ('input-11', 'too large: 9 > 4')], params)
-    parsed = {int(i): reason for i, reason in _ITEM_ERROR.findall(error.message)}
-    assert parsed == {3: 'not an image; or is it', 11: 'too large: 9 > 4'}
-
-
 def test_ray_data_runs_next_to_pydantic_1():
     """Ray 2.60 refuses pydantic 1 on its first DataContext; the shim lets Ray take its no-pydantic path while
     pydantic 1 stays what everyone else imports."""

@@ -15,6 +15,7 @@ from clipserve.models.preprocess import PreprocessConfig, preprocess_bytes
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import openai_errors as v1_errors
+from clipserve.serving.gateway.api_error import APIError
 
 
 def png() -> bytes:
@@ -27,8 +28,8 @@ PNG = png()
 DATA_URI = 'data:image/png;base64,' + base64.b64encode(PNG).decode()
 
 
-def error_of(call) -> api.APIError:
-    with pytest.raises(api.APIError) as caught:
+def error_of(call) -> APIError:
+    with pytest.raises(APIError) as caught:
         call()
     return caught.value
 
@@ -96,8 +97,48 @@ def test_bad_inputs_are_400s_naming_the_item(value, param, words):
     err = error_of(lambda: api.parse_items(value))
     assert (err.status, err.param) == (400, param)
     assert words in err.message and err.message.startswith((param, f"'{param}'"))
-    assert set(err.body()['error']) == {'message', 'type', 'param', 'code'}
-    assert err.body()['error']['type'] == 'invalid_request_error'
+    error = err.body()['error']
+    assert set(error) - {'items'} == {'message', 'type', 'param', 'code'} and error['type'] == 'invalid_request_error'
+    if '[' in param:  # an item by its position: named in `items` too, with the reason alone
+        (item,) = error['items']
+        assert item['param'] == param and item['index'] == int(param.split('[')[1].split(']')[0])
+        assert words in item['message'] and not item['message'].startswith(param)
+
+
+def test_every_bad_item_is_named_in_one_error_with_its_position():
+    value = ['fine', '', {'image': 'data:image/png;base64,@@@'}, 'also fine', 7]
+    err = error_of(lambda: api.parse_items(value))
+    assert (err.status, err.param, err.code) == (400, 'input[1]', 'invalid_input')
+    items = err.body()['error']['items']
+    assert [(item['index'], item['param']) for item in items] == [
+        (1, 'input[1]'),
+        (2, 'input[2].image'),
+        (4, 'input[4]'),
+    ]
+    assert [item['code'] for item in items] == ['invalid_value', 'invalid_image', 'unsupported_input']
+    for item in items:  # the message still names each, for a person reading it
+        assert f'{item["param"]}: {item["message"]}' in err.message
+    # a size cap among them makes the whole a 413
+    err = error_of(lambda: api.parse_items(['', DATA_URI], max_image_bytes=10))
+    assert (err.status, err.code) == (413, 'too_large')
+    assert [(item['index'], item['code']) for item in err.body()['error']['items']] == [
+        (0, 'invalid_value'),
+        (1, 'too_large'),
+    ]
+
+
+def test_the_encoders_failures_become_items_by_request_position():
+    from clipserve.serving.gateway.openai_errors import failures_error
+
+    params = {f'input-{i}': f'input[{i}]' for i in range(12)}
+    err = failures_error([('input-3', 'not an image; or is it'), ('input-11', 'too large', 'too_large')], params)
+    assert (err.status, err.param, err.code) == (413, 'input[3]', 'too_large')
+    assert err.body()['error']['items'] == [
+        {'index': 3, 'param': 'input[3]', 'message': 'not an image; or is it', 'code': 'invalid_input'},
+        {'index': 11, 'param': 'input[11]', 'message': 'too large', 'code': 'too_large'},
+    ]
+    err = failures_error([('query', 'cannot read it')], {'query': 'query'})
+    assert err.param == 'query' and 'items' not in err.body()['error']  # not an item with a position
 
 
 def test_too_many_inputs_and_too_large_images():

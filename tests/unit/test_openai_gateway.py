@@ -15,6 +15,7 @@ from clipserve.errors import DeadlineExceededError, InvalidDocumentError, Overlo
 from clipserve.serving.gateway import flow_calls as gw
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import openai_routes as routes_
+from clipserve.serving.gateway.api_error import AUTH_ERROR
 from clipserve.serving.replica.documents import TOKEN_COUNT_TAG
 
 INFO = {
@@ -228,9 +229,9 @@ def test_a_bug_is_still_an_openai_shaped_500(monkeypatch):
 
 
 def test_the_api_error_shape():
-    assert api.AUTH_ERROR.body() == {
+    assert AUTH_ERROR.body() == {
         'error': {
-            'message': api.AUTH_ERROR.message,
+            'message': AUTH_ERROR.message,
             'type': 'invalid_request_error',
             'param': None,
             'code': 'invalid_api_key',
@@ -256,7 +257,7 @@ def test_the_token_check_covers_the_routes_in_openais_shape_and_leaves_the_page_
     app, _ = routes()
     guarded = TokenMiddleware(app, 'tok')
     status, headers, raw = request(guarded, 'POST', '/v1/embeddings', b'{"input": "a"}')
-    assert status == 401 and json.loads(raw) == api.AUTH_ERROR.body() and headers[b'connection'] == b'close'
+    assert status == 401 and json.loads(raw) == AUTH_ERROR.body() and headers[b'connection'] == b'close'
     assert request(guarded, 'GET', '/v1/models', headers=[(b'authorization', b'Bearer tok')])[0] == 200
     assert request(guarded, 'GET', '/playground')[0] == 200
     assert json.loads(request(guarded, 'POST', '/post')[2]) == {'detail': 'missing or wrong Authorization header'}

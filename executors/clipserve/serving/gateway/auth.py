@@ -24,6 +24,7 @@ import grpc
 from clipserve.config.parameters import TOKEN_ENV
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.gateway import openai_api as api
+from clipserve.serving.gateway.api_error import AUTH_ERROR
 from clipserve.serving.gateway.limits import refusing
 from clipserve.serving.gateway.readiness import HEALTH_PATH, LIVE_PATH, READY_PATH
 
@@ -136,7 +137,7 @@ class TokenMiddleware:
             await send({'type': 'websocket.close', 'code': 1008})
             return
         body = json.dumps(
-            api.AUTH_ERROR.body()  # OpenAI's error shape on its routes
+            AUTH_ERROR.body()  # OpenAI's error shape on its routes
             if api.is_api_path(scope.get('path'))
             else {'detail': 'missing or wrong Authorization header'}
         ).encode()

@@ -19,6 +19,7 @@ from clipserve.models.names import canonical
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import openai_errors as v1_errors
+from clipserve.serving.gateway.api_error import APIError
 from clipserve.serving.jina.compat import network_error_types
 from clipserve.serving.jina.endpoints import INFO_ENDPOINT, TOKEN_COUNT_TAG
 from clipserve.serving.jina.gateway_hooks import error_of, send_request
@@ -32,7 +33,7 @@ PARAMETERS = {'drop_image_content': True, TOKEN_COUNTS_PARAMETER: True}
 TIMEOUT_PARAMETER = 'timeout_seconds'  # the request parameter the executors read their deadline from
 
 
-def executor_error(name: str, args, params: dict[str, str]) -> api.APIError:
+def executor_error(name: str, args, params: dict[str, str]) -> APIError:
     """An executor's exception, relayed by Jina as its class name and arguments, as an API error chosen by its
     kind (errors.py: status, code, retryable) and its structured details, never by its message's words.
     `params`: document id -> its name in the API request, for per-document failures."""
@@ -43,14 +44,14 @@ def executor_error(name: str, args, params: dict[str, str]) -> api.APIError:
     if kind is errors.InvalidDocumentError and details.get('failures'):
         return v1_errors.failures_error(details['failures'], params)
     if kind is errors.ClipServeError:  # not one of clipserve's kinds: a bug, whose words stay in the logs
-        return api.APIError(500, f'the encoder failed ({name})', None, 'internal_error')
+        return APIError(500, f'the encoder failed ({name})', None, 'internal_error')
     headers = ()
     if kind.retryable:
         seconds = details.get('retry_after')
         seconds = seconds if isinstance(seconds, (int, float)) and math.isfinite(seconds) else 1
         headers = (('retry-after', str(max(1, math.ceil(seconds)))),)
     param = 'model' if kind is errors.UnknownModelError else None
-    return api.APIError(kind.http_status, message or kind.code, param, kind.code, headers)
+    return APIError(kind.http_status, message or kind.code, param, kind.code, headers)
 
 
 class FlowCalls:
@@ -74,13 +75,13 @@ class FlowCalls:
             code = error.code().name if error.code() else ''
             self.logger.warning(f'{endpoint}: the executors did not answer: {code} {error.details()}')
             if code == 'DEADLINE_EXCEEDED':
-                raise api.APIError(504, 'the encoder did not answer in time', None, 'timeout') from None
-            raise api.APIError(
+                raise APIError(504, 'the encoder did not answer in time', None, 'timeout') from None
+            raise APIError(
                 503, 'the encoder is not reachable (starting or stopping?); retry', None, 'service_unavailable'
             ) from None
         except Exception as error:
             self.logger.error(f'{endpoint}: {error!r}')
-            raise api.APIError(500, 'internal error in the gateway', None, 'internal_error') from None
+            raise APIError(500, 'internal error in the gateway', None, 'internal_error') from None
         failed = error_of(response)
         if failed is not None:
             raise executor_error(*failed, params)
@@ -96,7 +97,7 @@ class FlowCalls:
                 self.has_index = any(isinstance(v, dict) and 'indexer' in v for v in results.values())
                 self.rerankers = served_rerankers(results)
                 if not found and not self.rerankers:
-                    raise api.APIError(503, 'no clipserve encoder answered in this Flow', None, 'service_unavailable')
+                    raise APIError(503, 'no clipserve encoder answered in this Flow', None, 'service_unavailable')
                 self._models = found
             return self._models
 
@@ -188,7 +189,7 @@ async def embeddings(flow: FlowCalls, request: api.EmbeddingsRequest, timeout: f
     for doc_id in ids:
         doc = answered.get(doc_id)
         if doc is None or doc.embedding is None:
-            raise api.APIError(
+            raise APIError(
                 500, f'the encoder returned no embedding for {params[doc_id]}', params[doc_id], 'internal_error'
             )
         rows.append(doc.embedding)

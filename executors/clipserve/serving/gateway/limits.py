@@ -36,6 +36,7 @@ import grpc
 
 from clipserve.config.settings import MiB, Setting, read_settings
 from clipserve.serving.gateway import openai_api as api
+from clipserve.serving.gateway.api_error import APIError
 from clipserve.serving.gateway.metrics import GatewayMetrics
 from clipserve.serving.gateway.peer_share import PeerShare, TurnTimedOut
 from clipserve.serving.jina.gateway_hooks import CappedPrefetch
@@ -175,7 +176,7 @@ async def send_json(send, status: int, payload: dict, headers=()) -> None:
 
 def _refusal(path: str | None, status: int, message: str, code: str) -> dict:
     """OpenAI's error shape on its routes, FastAPI's elsewhere (what Jina's HTTP routes answer)."""
-    return api.APIError(status, message, None, code).body() if api.is_api_path(path) else {'detail': message}
+    return APIError(status, message, None, code).body() if api.is_api_path(path) else {'detail': message}
 
 
 def content_length(scope) -> int | None:

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from clipserve.inputs.uris import UriError, decode_data_uri
+from clipserve.serving.gateway.api_error import APIError, bad_request, item_error, items_error
 
 MAX_INPUTS = 2048  # items per request, as OpenAI's embeddings API allows
 MODELS_PATH = '/v1/models'
@@ -43,41 +44,9 @@ TEXT, IMAGE = 'text', 'image'
 IMAGE_TOKENS = 0
 
 
-class APIError(Exception):
-    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers=()):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = tuple(headers)  # extra (name, value) response headers, e.g. Retry-After
-
-    @property
-    def type(self) -> str:
-        if self.status == 401:
-            return 'invalid_request_error'  # as OpenAI answers a wrong key
-        return 'server_error' if self.status >= 500 or self.status == 429 else 'invalid_request_error'
-
-    def body(self) -> dict:
-        return {'error': {'message': self.message, 'type': self.type, 'param': self.param, 'code': self.code}}
-
-
 def is_api_path(path: str | None) -> bool:
     """The gateway's own JSON API: /v1/*, and the rerank paths clients call outside /v1."""
     return bool(path) and (path == '/v1' or path.startswith('/v1/') or path in RERANK_PATHS)
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = 'invalid_value') -> APIError:
-    return APIError(400, message, param, code)
-
-
-AUTH_ERROR = APIError(
-    401,
-    'missing or wrong token: send it as the API key (header "Authorization: Bearer <token>")',
-    code='invalid_api_key',
-)
 
 
 # ---- items --------------------------------------------------------------------------------------
@@ -104,17 +73,17 @@ def _is_url(value: str) -> bool:
 
 def _text(value, param: str) -> Item:
     if not isinstance(value, str):
-        raise bad_request(f'{param}: a text must be a string, got {type(value).__name__}', param)
+        raise item_error(param, f'a text must be a string, got {type(value).__name__}')
     if not value.strip():
-        raise bad_request(f'{param}: empty text (send at least one non-blank character)', param)
+        raise item_error(param, 'empty text (send at least one non-blank character)')
     return Item(TEXT, text=value)
 
 
 def _image(value, param: str, max_bytes: int, bare_base64: bool = True) -> Item:
     """An image given as a data: URI, an http(s) URL or (where explicit) base64 of the image file."""
     if not isinstance(value, str):
-        raise bad_request(
-            f'{param}: an image must be a string (data: URI, http(s) URL or base64), got {type(value).__name__}', param
+        raise item_error(
+            param, f'an image must be a string (data: URI, http(s) URL or base64), got {type(value).__name__}'
         )
     value = value.strip()
     if _is_url(value):
@@ -125,25 +94,25 @@ def _image(value, param: str, max_bytes: int, bare_base64: bool = True) -> Item:
         try:
             data = decode_data_uri(value, max_bytes)
         except UriError as e:
-            raise bad_request(f'{param}: {e}', param, 'invalid_image') from None
+            raise item_error(param, str(e), code='invalid_image') from None
     elif bare_base64 and value:
         if len(value) > max_bytes * 4 // 3 + 4:
             raise _too_large(param, f'the base64 image is larger than the limit of {max_bytes} bytes')
         try:
             data = base64.b64decode(value.replace('\n', '').replace('\r', ''), validate=True)
         except (binascii.Error, ValueError):
-            raise bad_request(
-                f'{param}: not an image: send a data: URI, an http(s) URL or base64 of the image file', param
+            raise item_error(
+                param, 'not an image: send a data: URI, an http(s) URL or base64 of the image file'
             ) from None
     else:
-        raise bad_request(f'{param}: not an image: send a data: URI or an http(s) URL', param)
+        raise item_error(param, 'not an image: send a data: URI or an http(s) URL')
     if not data:
-        raise bad_request(f'{param}: empty image data', param)
+        raise item_error(param, 'empty image data')
     return Item(IMAGE, image=data)
 
 
 def _too_large(param: str, reason: str) -> APIError:
-    return APIError(413, f'{param}: {reason}', param, 'too_large')
+    return item_error(param, reason, 413, 'too_large')
 
 
 def parse_item(value, param: str, modality: str | None = None, max_image_bytes: int = 1 << 62) -> Item:
@@ -168,26 +137,26 @@ def parse_item(value, param: str, modality: str | None = None, max_image_bytes: 
                 return _image(url, f'{param}.image_url', max_image_bytes)
             if kind == 'image' and 'image' in value:
                 return _image(value['image'], f'{param}.image', max_image_bytes)
-            raise bad_request(
-                f'{param}: an item of type {kind!r} must be {{"type": "text", "text": ...}} or '
-                '{"type": "image_url", "image_url": {"url": ...}}',
+            raise item_error(
                 param,
+                f'an item of type {kind!r} must be {{"type": "text", "text": ...}} or '
+                '{"type": "image_url", "image_url": {"url": ...}}',
             )
         keys = [k for k in ('text', 'image') if k in value]
         if len(keys) != 1:
-            raise bad_request(f'{param}: an item object must have exactly one of "text" or "image"', param)
+            raise item_error(param, 'an item object must have exactly one of "text" or "image"')
         if keys[0] == 'text':
             return _text(value['text'], f'{param}.text')
         return _image(value['image'], f'{param}.image', max_image_bytes)
     if isinstance(value, (int, list)) and not isinstance(value, bool):
-        raise bad_request(
-            f"{param}: token id arrays are not supported (they are ids of OpenAI's tokenizer, which a CLIP model "
-            'does not use): send the text itself',
+        raise item_error(
             param,
-            'unsupported_input',
+            "token id arrays are not supported (they are ids of OpenAI's tokenizer, which a CLIP model "
+            'does not use): send the text itself',
+            code='unsupported_input',
         )
-    raise bad_request(
-        f'{param}: expected a string or an object {{"text": ...}} / {{"image": ...}}, got {type(value).__name__}', param
+    raise item_error(
+        param, f'expected a string or an object {{"text": ...}} / {{"image": ...}}, got {type(value).__name__}'
     )
 
 
@@ -217,7 +186,15 @@ def parse_items(
             param,
             'too_many_items',
         )
-    return [parse_item(v, f'{param}[{i}]', modality, max_image_bytes) for i, v in enumerate(value)]
+    items, failed = [], []
+    for i, v in enumerate(value):  # every bad item named in one error, not only the first
+        try:
+            items.append(parse_item(v, f'{param}[{i}]', modality, max_image_bytes))
+        except APIError as error:
+            failed.append(error)
+    if failed:
+        raise items_error(failed)
+    return items
 
 
 # ---- requests -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from clipserve.serving.gateway.openai_api import APIError, bad_request
+from clipserve.serving.gateway.api_error import APIError, ItemError, bad_request
 
 
 def unknown_model(model: str, served: list[str]) -> APIError:
@@ -32,13 +32,16 @@ def is_size_limit(reason: str) -> bool:
 def failures_error(failures, params: dict[str, str]) -> APIError:
     """One error naming every failed item by its request position (`params`: document id -> `input[i]`), from
     the failures an InvalidDocumentError carries ([doc id, reason] or [doc id, reason, code]). A size cap
-    makes it a 413, anything else a 400; the first failure is the `param`."""
-    named, too_large = [], False
+    makes it a 413, anything else a 400; the first failure is the `param`; `items` carries each one."""
+    items, too_large = [], False
     for failure in failures:
         doc_id, reason, code = (list(failure) + [None])[:3]
-        named.append((params.get(str(doc_id), str(doc_id)), str(reason)))
-        too_large |= code in TOO_LARGE_CODES if code else is_size_limit(str(reason))
-    if not named:
+        big = code in TOO_LARGE_CODES if code else is_size_limit(str(reason))
+        code = code or ('too_large' if big else 'invalid_input')
+        items.append(ItemError(params.get(str(doc_id), str(doc_id)), str(reason), code))
+        too_large |= big
+    if not items:
         return bad_request('the request could not be encoded', None, 'invalid_input')
-    text = '; '.join(f'{param}: {reason}' for param, reason in named)
-    return APIError(413 if too_large else 400, text, named[0][0], 'too_large' if too_large else 'invalid_input')
+    text = '; '.join(f'{item.param}: {item.message}' for item in items)
+    code = 'too_large' if too_large else 'invalid_input'
+    return APIError(413 if too_large else 400, text, items[0].param, code, items=tuple(items))

@@ -39,6 +39,7 @@ from clipserve.serving.gateway import flow_calls as calls
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import rerank_api, rerank_calls, search_api, search_calls
+from clipserve.serving.gateway.api_error import APIError, bad_request
 
 PLAYGROUND_FILE = 'playground.html'
 PLAYGROUND_PATHS = (api.PLAYGROUND_PATH, api.PLAYGROUND_PATH + '/')
@@ -123,7 +124,7 @@ def client_timeout(headers) -> float | None:
         if math.isfinite(seconds) and seconds > 0:
             return seconds
         if name == TIMEOUT_HEADER:
-            raise api.bad_request(f'{TIMEOUT_HEADER} must be a number of seconds > 0, got {value!r}', None)
+            raise bad_request(f'{TIMEOUT_HEADER} must be a number of seconds > 0, got {value!r}', None)
     return None
 
 
@@ -135,7 +136,7 @@ def on_arrival(scope) -> float | None:
         return None
     try:
         return client_timeout(Headers(scope=scope))
-    except api.APIError:
+    except APIError:
         return None
 
 
@@ -161,7 +162,7 @@ async def until_done(request: Request, work, deadline: float | None):
         return task.result()
     if gone in done:
         raise ClientGone()
-    raise api.APIError(
+    raise APIError(
         504, 'the request did not finish within the timeout the client gave it (X-Request-Timeout)', None, 'timeout'
     )
 
@@ -257,7 +258,7 @@ class OpenAIRoutes:
         return body, api.parse_rank_request(body, self.max_body_bytes, self.max_inputs)
 
     async def _read(self, request: Request, state: dict) -> bytes:
-        too_large = api.APIError(
+        too_large = APIError(
             413,
             f"the request body is larger than the limit of {self.max_body_bytes} bytes (the gateway's "
             'max_body_bytes); send fewer or smaller images per request',
@@ -290,7 +291,7 @@ class OpenAIRoutes:
             left = None if deadline is None else max(0.001, deadline - time.monotonic())
             result = await until_done(request, work(raw, left) if body else work(left), deadline)
             status, payload = 200, shape(result) if shape else result
-        except api.APIError as error:
+        except APIError as error:
             status, payload = error.status, error.body()
             headers.update(error.headers)
         except ClientGone:
@@ -298,7 +299,7 @@ class OpenAIRoutes:
             return Response(b'', 499)  # nobody reads it
         except Exception as error:  # a bug: still an answer in OpenAI's shape, and the details in the log
             self.logger.error(f'{request.url.path}: {error!r}')
-            status, payload = 500, api.APIError(500, 'internal error in the gateway', None, 'internal_error').body()
+            status, payload = 500, APIError(500, 'internal error in the gateway', None, 'internal_error').body()
         self.metrics.request(route, status, time.perf_counter() - started)
         if not state['read']:
             headers['connection'] = 'close'  # the body was left unread: do not keep the connection half-read
@@ -307,7 +308,7 @@ class OpenAIRoutes:
 
     async def _no_route(self, request: Request, exc) -> Response:
         routes = ', '.join(api.ROUTES)
-        error = api.APIError(404, f'no route {request.url.path}; the routes are {routes}', None, 'unknown_url')
+        error = APIError(404, f'no route {request.url.path}; the routes are {routes}', None, 'unknown_url')
         return await self._error(request, 'other', error)
 
     async def _wrong_method(self, request: Request, exc) -> Response:
@@ -315,10 +316,10 @@ class OpenAIRoutes:
         if path in PLAYGROUND_PATHS:
             return Response(b'method not allowed', 405, {'allow': 'GET'}, media_type='text/plain')
         wanted = api.ROUTES.get(path, 'GET')
-        error = api.APIError(405, f'{path} takes {wanted}, not {request.method}', None, 'method_not_allowed')
+        error = APIError(405, f'{path} takes {wanted}, not {request.method}', None, 'method_not_allowed')
         return await self._error(request, 'other', error)
 
-    async def _error(self, request: Request, route: str, error: api.APIError) -> Response:
+    async def _error(self, request: Request, route: str, error: APIError) -> Response:
         self.metrics.request(route, error.status, 0.0)
         headers = {**NO_STORE, 'connection': 'close'} if request.method != 'GET' else dict(NO_STORE)
         return Response(json.dumps(error.body()).encode(), error.status, headers, media_type='application/json')

@@ -55,6 +55,21 @@ SCHEMAS = {
                     'type': {'type': 'string'},
                     'param': {'type': ['string', 'null']},
                     'code': {'type': ['string', 'null']},
+                    'items': {
+                        'type': 'array',
+                        'description': 'when items of the request failed: each by its position, so a client can '
+                        'send the others again without reading the message',
+                        'items': {
+                            'type': 'object',
+                            'properties': {
+                                'index': {'type': 'integer'},
+                                'param': {'type': 'string'},
+                                'message': {'type': 'string'},
+                                'code': {'type': ['string', 'null']},
+                            },
+                            'required': ['index', 'param', 'message'],
+                        },
+                    },
                 },
                 'required': ['message', 'type'],
             }

@@ -21,7 +21,8 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from clipserve.serving.gateway.openai_api import MAX_INPUTS, RERANK_PATHS, _model, _object, bad_request
+from clipserve.serving.gateway.api_error import bad_request
+from clipserve.serving.gateway.openai_api import MAX_INPUTS, RERANK_PATHS, _model, _object
 
 __all__ = ['RERANK_PATHS', 'RerankRequest', 'parse_rerank_request', 'rerank_response']
 DIRECTIONS = {'right': 'right', 'left': 'left', 'Right': 'right', 'Left': 'left'}

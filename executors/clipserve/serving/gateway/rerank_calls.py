@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import rerank_api
+from clipserve.serving.gateway.api_error import APIError
 from clipserve.serving.gateway.flow_calls import FlowCalls, parameters_for
 from clipserve.serving.jina.endpoints import TOKEN_COUNT_TAG
 from clipserve.serving.jina.request_documents import match_scores, request_document, request_documents
@@ -22,7 +22,7 @@ async def pick_reranker(flow: FlowCalls, requested: str | None) -> tuple[str, st
     await flow.models()
     served = flow.rerankers
     if not served:
-        raise api.APIError(
+        raise APIError(
             404, 'this Flow has no reranker: serve flows/rerank.yml (a CrossEncoderRanker)', None, 'no_reranker'
         )
     if requested:
@@ -31,7 +31,7 @@ async def pick_reranker(flow: FlowCalls, requested: str | None) -> tuple[str, st
                 return model, executor
         if len(served) > 1:
             names = ', '.join(sorted(served))
-            raise api.APIError(
+            raise APIError(
                 404, f'no reranker {requested!r} in this Flow; it serves {names}', 'model', 'model_not_found'
             )
     model = sorted(served)[0]

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from clipserve.errors import InvalidParameterError
 from clipserve.index.filters import to_qdrant
+from clipserve.serving.gateway.api_error import bad_request
 from clipserve.serving.gateway.openai_answers import usage
-from clipserve.serving.gateway.openai_api import SEARCH_PATH, Item, _modality, _model, _object, bad_request, parse_item
+from clipserve.serving.gateway.openai_api import SEARCH_PATH, Item, _modality, _model, _object, parse_item
 
 __all__ = ['SEARCH_PATH', 'SearchRequest', 'parse_search_request', 'search_response']
 MAX_TOP_K = 1000

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import rerank_api, rerank_calls, search_api
+from clipserve.serving.gateway.api_error import APIError, bad_request
 from clipserve.serving.gateway.flow_calls import FlowCalls, parameters_for, token_count
 from clipserve.serving.jina.request_documents import request_documents, search_hits, search_query
 
@@ -18,18 +18,18 @@ async def search(flow: FlowCalls, request: search_api.SearchRequest, timeout: fl
     model = await flow.resolve(request.model)
     if not model.default:
         default = (await flow.resolve(None)).name
-        raise api.bad_request(
+        raise bad_request(
             f'/v1/search embeds the query with the model the index was built with ({default}); {model.name} is '
             "another of the Flow's models",
             'model',
         )
     if not flow.has_index:
-        raise api.APIError(
+        raise APIError(
             404, 'this Flow has no index: serve flows/search.yml (a CLIPIndexer after the encoder)', None, 'no_index'
         )
     item = request.query
     if request.rerank is not None and (item is None or not item.text):
-        raise api.bad_request('rerank needs a text query: the rerankers are text cross-encoders', 'rerank')
+        raise bad_request('rerank needs a text query: the rerankers are text cross-encoders', 'rerank')
     if item is None:
         query = search_query('query', embedding=np.asarray(request.vector, dtype=np.float32))
     else:
