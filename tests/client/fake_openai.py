@@ -4,7 +4,8 @@ its admission limit at the right moment), so the retry tests use this; everythin
 
 An answer that succeeds gives each item the embedding [len(text), 0, 0, 0] (an image: [-1, 0, 0, 0]) as
 base64 float32, as the real route does. It records each request's headers, items and arrival time, and
-the most requests it held at once.
+the most requests it held at once. A slow answer waits `delay` seconds or until `release` is set, and
+`wait_idle()` returns once no request is being answered, so tests wait on events, not on the clock.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class FakeAPI:
         self.requests: list[dict] = []
         self.in_flight = self.most_in_flight = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self.release = threading.Event()  # set: slow answers are sent at once
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -48,7 +51,8 @@ class FakeAPI:
                     fake.in_flight += 1
                     fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
                 try:
-                    time.sleep(fake.delay)
+                    if fake.delay:
+                        fake.release.wait(fake.delay)
                     if step == DROP:
                         self.close_connection = True
                         self.connection.shutdown(2)
@@ -69,6 +73,7 @@ class FakeAPI:
                 finally:
                     with fake._lock:
                         fake.in_flight -= 1
+                        fake._idle.notify_all()
 
             def log_message(self, *args):
                 pass
@@ -77,6 +82,11 @@ class FakeAPI:
         self.server.daemon_threads = True
         self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Wait until no request is being answered; False if that has not happened within `timeout`."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.in_flight == 0, timeout)
 
     def __enter__(self) -> FakeAPI:
         self._thread.start()

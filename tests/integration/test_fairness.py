@@ -20,6 +20,7 @@ from jina import Client, Flow
 
 from clipserve import CLIPEncoder
 
+from ..waiting import wait_until
 from .conftest import flow_from_yaml, free_port, make_image
 
 MODEL = 'ViT-B-32::random'
@@ -27,10 +28,13 @@ SLOW_SECONDS = 6
 
 
 class SlowHandler(http.server.BaseHTTPRequestHandler):
+    asked: list = []  # one entry per GET begun: the test waits on it to know the fetches are under way
+
     def log_message(self, *args):
         pass
 
     def do_GET(self):
+        SlowHandler.asked.append(self.path)
         time.sleep(SLOW_SECONDS)  # a slow (allowed) host
         body = make_image(seed=3)
         self.send_response(200)
@@ -118,8 +122,9 @@ def one_batch(flow):
 
 
 def test_a_blob_is_not_held_up_by_another_requests_slow_host(flow, slow_host, one_batch):
+    SlowHandler.asked.clear()
     held = other_client(flow, uris=[f'{slow_host}/image-{i}.png' for i in range(12)])
-    time.sleep(4)  # its fetches are under way
+    wait_until(lambda: SlowHandler.asked, 'its fetches are under way', seconds=120)
     out, seconds = post(flow, images(1, seed=50))
     print(f'\none batch {one_batch:.2f}s; a blob behind 12 slow URIs answered in {seconds:.2f}s')
     assert out[0].embedding is not None and seconds < 3 * one_batch
