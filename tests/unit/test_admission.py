@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS, Admission, Limits
+from clipserve.engine.admission import Admission, Limits
+from clipserve.engine.small_requests import SMALL
 from clipserve.errors import DeadlineExceededError, OverloadedError
 
 
@@ -126,9 +127,9 @@ def test_small_requests_pass_the_queue_into_the_reserve():
 
     async def scenario():
         await admission.enter(8), await admission.enter(8)
-        large = asyncio.create_task(admission.enter(SMALL_REQUEST_DOCUMENTS + 1))  # not small: waits
+        large = asyncio.create_task(admission.enter(SMALL.documents + 1))  # not small: waits
         await settle()
-        taken = [await admission.enter(1), await admission.enter(SMALL_REQUEST_DOCUMENTS), await admission.enter(2)]
+        taken = [await admission.enter(1), await admission.enter(SMALL.documents), await admission.enter(2)]
         assert [p.reserved for p in taken] == [True, True, True] and admission.small == 3
         fourth = asyncio.create_task(admission.enter(1))  # the reserve is full: it waits too, in line
         await settle()
@@ -150,7 +151,7 @@ def test_past_max_documents_large_requests_wait_in_order_and_small_ones_never_wa
         third = asyncio.create_task(admission.enter(5))  # would fit (6 + 5), but the second is ahead
         await settle()
         assert not second.done() and not third.done()
-        small = await asyncio.wait_for(admission.enter(SMALL_REQUEST_DOCUMENTS), 5)  # passes both
+        small = await asyncio.wait_for(admission.enter(SMALL.documents), 5)  # passes both
         admission.leave(small)
         admission.leave(first)
         second_place = await asyncio.wait_for(second, 5)

@@ -11,9 +11,11 @@ import pytest
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline, ImageSource
 from clipserve.engine.room import Room
+from clipserve.engine.small_requests import SmallRequests
 from clipserve.errors import DeadlineExceededError
 
 from ..compare import assert_close
+from ..waiting import wait_until
 
 
 class RecordingBackend:
@@ -76,12 +78,13 @@ def _pixels(backend, value=0.5):
 
 
 def test_a_slow_fetch_holds_up_only_its_own_request(tiny_backend):
-    """12 images from a slow host (as many as the fetch pool's threads) and, behind them, one image blob: the
+    """12 images from a slow host (4 fetching at once, the rest queued) and, behind them, one image blob: the
     blob's request never waits for a fetch, because decoding threads never wait on the network."""
-    release = threading.Event()
+    release, started = threading.Event(), []
 
     def slow_fetch():
-        release.wait(10)
+        started.append(1)
+        release.wait(60)
         return b'not an image'
 
     pipeline = EncodePipeline(tiny_backend, minibatch_size=4, num_workers=2, fetch_threads=12)
@@ -90,12 +93,14 @@ def test_a_slow_fetch_holds_up_only_its_own_request(tiny_backend):
             slow = requests.submit(
                 pipeline.encode_images, [ImageSource(decode=lambda data: _pixels(tiny_backend), fetch=slow_fetch)] * 12
             )
-            time.sleep(0.2)  # the slow request's fetches have all started
-            started = time.monotonic()
+            wait_until(
+                lambda: len(started) == 4, "the slow request's fetches have started (its budget lets 4 run at once)"
+            )
+            began = time.monotonic()
             fast = pipeline.encode_images([lambda: _pixels(tiny_backend)])
-            fast_seconds = time.monotonic() - started
+            fast_seconds = time.monotonic() - began
             release.set()
-            assert fast.indices == [0] and fast_seconds < 5
+            assert fast.indices == [0] and fast_seconds < 30  # the slow fetches hold for 60 s
             assert len(slow.result(10).indices) == 12  # decoded once fetched: the decoder here ignores the bytes
     finally:
         release.set()
@@ -167,12 +172,12 @@ def test_room_goes_first_to_the_request_that_had_least_then_to_the_smallest():
     for name, rows, had in [('large-2nd', 8, 8), ('large-a', 8, 0), ('large-b', 8, 0), ('small', 1, 0)]:
         threads.append(threading.Thread(target=waiter, args=(name, rows, had), daemon=True))
         threads[-1].start()
-        time.sleep(0.05)  # arrival order: the small request asks last
+        wait_until(lambda: room.waiting == len(threads), f'{name} waits')  # arrival order: the small one asks last
     with pytest.raises(DeadlineExceededError):
         room.take(1, deadline=time.monotonic() + 0.05)
-    for _ in range(4):
+    for served in range(1, 5):
         room.give(8)
-        time.sleep(0.1)
+        wait_until(lambda: len(order) == served, f'{served} waiters served')
     for thread in threads:
         thread.join(2)
     assert order == ['small', 'large-a', 'large-b', 'large-2nd']
@@ -186,7 +191,7 @@ def test_room_comes_back_image_by_image_as_the_model_runs_them(tiny_backend):
     class Gated(RecordingBackend):
         def encode_images(self, pixels):
             free_at_start.append(pipeline._room.free)
-            go.wait(5)
+            go.wait(60)
             return super().encode_images(pixels)
 
     free_at_start, go = [], threading.Event()
@@ -195,9 +200,10 @@ def test_room_comes_back_image_by_image_as_the_model_runs_them(tiny_backend):
     try:
         with ThreadPoolExecutor(3) as requests:
             blocker = requests.submit(pipeline.encode_images, [lambda: pixels], request='blocker')
-            time.sleep(0.2)  # its one image holds the model thread at the gate
+            wait_until(lambda: free_at_start, 'its one image holds the model thread at the gate')
             both = [requests.submit(pipeline.encode_images, [lambda: pixels] * 8, request=r) for r in 'ab']
-            time.sleep(0.3)  # both requests' images are decoded and queued
+            queued = pipeline.scheduler.waiting_rows
+            wait_until(lambda: queued().get('images') == 16, "both requests' images are decoded and queued")
             go.set()
             results = [f.result(10) for f in [blocker, *both]]
     finally:
@@ -210,7 +216,7 @@ def test_room_comes_back_image_by_image_as_the_model_runs_them(tiny_backend):
 def test_a_small_newcomer_takes_the_reserve_when_the_room_is_full():
     """A one-image request that has had no room goes ahead at once, within a reserve of 3 rows beyond the room;
     a large newcomer, a small request's later minibatch and a newcomer past the reserve wait for room."""
-    room = Room(8, reserve=3, small=2)
+    room = Room(8, reserve=3, small=SmallRequests(documents=2))
     room.take(8)
     room.take(1, had=0)
     room.take(2, had=0)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from clipserve.engine.scheduler import Scheduler, Task, pad_to
+from clipserve.engine.small_requests import SmallRequests
 from clipserve.errors import DeadlineExceededError
 
 
@@ -19,8 +20,10 @@ class Recorder:
         self.batches, self.threads, self.delay = [], set(), delay
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # a batch has reached the model (and waits at the gate if it is shut)
 
     def __call__(self, x, *rest):
+        self.entered.set()
         self.gate.wait()
         self.threads.add(threading.get_ident())
         self.batches.append([int(v) for v in x[:, 0]])
@@ -64,7 +67,7 @@ def test_a_small_request_behind_large_ones_runs_in_the_next_batch():
     model.gate.clear()  # hold the first batch until everything is queued
     scheduler = Scheduler({'images': Task(model, batch=8)})
     large = [scheduler.submit('images', rows(tag, 64), request=f'large-{tag}') for tag in (1, 2, 3)]
-    time.sleep(0.05)  # the first batch (of request 1) is now running, held at the gate
+    assert model.entered.wait(30)  # the first batch (of request 1) is now running, held at the gate
     small = scheduler.submit('images', rows(9, 1), request='small')
     model.gate.set()
     small.result(5)
@@ -84,7 +87,7 @@ def test_a_newcomer_runs_in_the_next_batch_behind_more_large_requests_than_a_bat
     images.gate.clear()
     scheduler = Scheduler({'images': Task(images, batch=8), 'texts': Task(texts, batch=32)})
     large = [scheduler.submit('images', rows(tag, 8), request=f'large-{tag}') for tag in range(1, 17)]
-    time.sleep(0.05)  # the first batch is running, held at the gate
+    assert images.entered.wait(30)  # the first batch is running, held at the gate
     small = scheduler.submit(kind, rows(99, 1), request='small')
     images.gate.set()
     small.result(5)
@@ -108,16 +111,17 @@ def test_two_large_requests_interleave_round_robin():
 
 
 def test_texts_of_different_widths_are_padded_when_merged():
-    seen, gate = [], threading.Event()
+    seen, gate, entered = [], threading.Event(), threading.Event()
 
     def model(ids, mask):
-        gate.wait(5)
+        entered.set()
+        gate.wait(30)
         seen.append(ids.shape)
         return ids[:, :1].astype(float)
 
     scheduler = Scheduler({'t': Task(model, batch=16, pad_columns=True)})
     first = scheduler.submit('t', np.ones((1, 2)), np.ones((1, 2)))  # runs alone, held at the gate
-    time.sleep(0.05)
+    assert entered.wait(30)
     futures = {w: scheduler.submit('t', np.full((2, w), w), np.ones((2, w))) for w in (3, 5, 7)}
     gate.set()
     first.result(5)
@@ -156,11 +160,13 @@ def test_a_job_past_its_deadline_is_dropped_not_computed():
     model.gate.clear()
     scheduler = Scheduler({'x': Task(model, batch=4)})
     first = scheduler.submit('x', rows(1, 4))
-    time.sleep(0.05)  # the first batch is running, held at the gate
-    late = scheduler.submit('x', rows(2, 4), deadline=time.monotonic() + 0.05)
+    assert model.entered.wait(30)  # the first batch is running, held at the gate
+    deadline = time.monotonic() + 0.05
+    late = scheduler.submit('x', rows(2, 4), deadline=deadline)
     cancelled = scheduler.submit('x', rows(3, 4))
     cancelled.cancel()  # the caller has gone
-    time.sleep(0.1)
+    while time.monotonic() <= deadline:  # the late job's deadline passes while it waits
+        time.sleep(0.01)
     model.gate.set()
     first.result(5)
     with pytest.raises(DeadlineExceededError, match='deadline'):
@@ -175,7 +181,7 @@ def test_close_cancels_queued_jobs_and_refuses_new_ones():
     model.gate.clear()
     scheduler = Scheduler({'x': Task(model, batch=1)})
     running = scheduler.submit('x', rows(1, 1))
-    time.sleep(0.05)
+    assert model.entered.wait(30)
     queued = scheduler.submit('x', rows(2, 1))
     threading.Timer(0.1, model.gate.set).start()
     scheduler.close()
@@ -184,14 +190,14 @@ def test_close_cancels_queued_jobs_and_refuses_new_ones():
         scheduler.submit('x', rows(3, 1))
 
 
-def test_with_small_short_a_pass_led_by_small_newcomers_is_short_and_theirs_first():
+def test_with_short_for_a_pass_led_by_small_newcomers_is_short_and_theirs_first():
     """Images on a CPU: a query image's pass takes 4 rows, not 8 (a full pass of 8 is what it would otherwise
     wait for): the small newcomers waiting together first, then others' rows."""
     model = Recorder(delay=0.01)
     model.gate.clear()
-    scheduler = Scheduler({'images': Task(model, batch=8, small_short=4)})
+    scheduler = Scheduler({'images': Task(model, batch=8, short_for=SmallRequests(documents=4))})
     large = [scheduler.submit('images', rows(tag, 8), request=f'large-{tag}') for tag in range(1, 5)]
-    time.sleep(0.05)  # the first batch is running, held at the gate
+    assert model.entered.wait(30)  # the first batch is running, held at the gate
     small = [scheduler.submit('images', rows(tag, n), request=f'small-{tag}') for tag, n in [(98, 1), (99, 2)]]
     model.gate.set()
     [f.result(5) for f in small + large]

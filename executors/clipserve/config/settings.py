@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clipserve.config.parameters import check_access_paths, check_bool, env_or_default
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
+from clipserve.engine.small_requests import SMALL
 from clipserve.errors import InvalidParameterError
 from clipserve.models.runtimes import BACKENDS
 
@@ -207,7 +207,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         'small_request_reserve',
         'int',
         64,
-        f'Places beyond max_requests that only requests of at most {SMALL_REQUEST_DOCUMENTS} documents (a query, '
+        f'Places beyond max_requests that only requests of at most {SMALL.documents} documents (a query, '
         'a caption) may take, so large requests that fill a replica cannot refuse them.',
         minimum=0,
         section='limits',

@@ -10,7 +10,7 @@ then, a request is refused (OverloadedError: HTTP 429 with Retry-After, gRPC RES
 request whose deadline passes leaves the queue with DeadlineExceededError, uncomputed. A request alone
 always runs, whatever its size (its memory is bounded by the pipeline's window, engine/pipeline.py).
 
-Small requests (at most SMALL_REQUEST_DOCUMENTS documents: a search query, a caption to rank) pass the
+Small requests (engine/small_requests.py: a search query, a caption to rank) pass the
 queue: they never wait for documents' room, and `small_reserve` places beyond `max_requests` are theirs
 alone, so a pipeline's queries are not stuck behind its own indexing; the scheduler then runs them in the
 next forward pass (engine/scheduler.py).
@@ -26,10 +26,9 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from clipserve.engine.small_requests import SMALL, SmallRequests
 from clipserve.errors import DeadlineExceededError, OverloadedError
 
-#: a request of at most this many documents (roots and matches) is small: it passes the queue
-SMALL_REQUEST_DOCUMENTS = 4
 MiB = 1024 * 1024
 
 
@@ -42,6 +41,7 @@ class Limits:
     queued_requests: int = 1024  # requests waiting for a place, at most
     queued_documents: int = 262_144  # documents of the waiting requests, at most
     queued_bytes: int = 512 * MiB  # content bytes of the waiting requests, at most
+    small: SmallRequests = SMALL  # which requests pass the queue
 
 
 @dataclass(eq=False)
@@ -56,11 +56,8 @@ class Place:
 class _Waiter:
     documents: int
     nbytes: int
+    small: bool
     granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-    @property
-    def small(self) -> bool:
-        return self.documents <= SMALL_REQUEST_DOCUMENTS
 
 
 class Admission:
@@ -85,7 +82,7 @@ class Admission:
         """A place for a request of `documents` documents (`nbytes` content bytes): at once when one is free
         and nothing larger waits before it, else after waiting in the queue; OverloadedError when the queue is
         full, DeadlineExceededError when `deadline` (time.monotonic()) passes first."""
-        waiter = _Waiter(documents, nbytes)
+        waiter = _Waiter(documents, nbytes, self.limits.small.is_small(documents))
         place = self._take(waiter, queue_empty=not self._queue)
         if place is not None:
             return place

@@ -21,13 +21,13 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from clipserve.backends.base import Backend
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.fetch import FetchBudget, FetchPool
 from clipserve.engine.memory import release_free_memory
 from clipserve.engine.output_kind import output_kind
 from clipserve.engine.priority_pool import PriorityPool
 from clipserve.engine.room import Room
 from clipserve.engine.scheduler import Scheduler, Task
+from clipserve.engine.small_requests import SMALL
 
 #: decoded minibatches of one request queued at the model thread at once (bounds a request's memory)
 AHEAD = 2
@@ -83,7 +83,7 @@ class EncodePipeline:
         self._fetches = FetchPool(fetch_threads)
         # decoded images waiting for the model, all requests together (each pixel array is large); a small
         # newcomer (a query image) may take 8 rows more, so it does not wait for room (room.py)
-        self._room = Room(max(4 * minibatch_size, 64), reserve=8, small=SMALL_REQUEST_DOCUMENTS)
+        self._room = Room(max(4 * minibatch_size, 64), reserve=8, small=SMALL)
         # A forward pass of images on a CPU runs `cpu_image_chunk` images (backends/base.py): the scheduler
         # interleaves requests at that grain, so a small request waits for one such pass, not a minibatch.
         image_batch = min(minibatch_size, backend.cpu_image_chunk) if backend.device == 'cpu' else minibatch_size
@@ -92,7 +92,7 @@ class EncodePipeline:
                 'images': Task(
                     _releasing_memory(backend.encode_images),
                     image_batch,
-                    small_short=SMALL_REQUEST_DOCUMENTS if backend.device == 'cpu' else 0,
+                    short_for=SMALL if backend.device == 'cpu' else None,
                 ),
                 # the backend trims padding (Backend.encode_texts), also after requests were merged
                 'texts': Task(_releasing_memory(backend.encode_texts), minibatch_size, pad_columns=True),

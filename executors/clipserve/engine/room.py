@@ -19,11 +19,14 @@ import itertools
 import threading
 import time
 
+from clipserve.engine.small_requests import SmallRequests
 from clipserve.errors import DeadlineExceededError
 
 
 class Room:
-    def __init__(self, rows: int, reserve: int = 0, small: int = 0):
+    """`rows` of room; small newcomers (by `small`'s rule; None: no request is) may take `reserve` rows more."""
+
+    def __init__(self, rows: int, reserve: int = 0, small: SmallRequests | None = None):
         self.capacity = rows
         self.free = rows  # below 0 while small newcomers hold part of the reserve
         self.reserve = reserve
@@ -32,12 +35,18 @@ class Room:
         self._waiting: list[tuple[int, int, int]] = []  # (rows had, rows asked, arrival): a heap, first goes next
         self._arrivals = itertools.count()
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for room now (observable: metrics and tests read it instead of guessing by time)."""
+        with self._changed:
+            return len(self._waiting)
+
     def take(self, rows: int, deadline: float | None = None, had: int = 0) -> None:
         """Wait for `rows` rows of room (a minibatch larger than the whole room waits until it is empty);
         `had`: the rows this request took before, which puts it behind requests that had fewer."""
         need = min(rows, self.capacity)
         # what must be free: a small newcomer may dip into the reserve
-        enough = need - self.reserve if had == 0 and need <= self.small else need
+        enough = need - self.reserve if self.small and self.small.is_newcomer(had, need) else need
         with self._changed:
             ticket = (had, need, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)

@@ -14,7 +14,7 @@ is built as follows:
 - its rows come from every request waiting with that kind, in that order, a fair share each, round
   after round, up to the kind's batch size: small concurrent requests are merged into one forward
   pass, and a large request is cut into slices that interleave with everyone else's; for a kind whose
-  passes are long (images on a CPU: `Task.small_short`), a pass led by a small newcomer takes as many
+  passes are long (images on a CPU: `Task.short_for`), a pass led by a small newcomer takes as many
   rows as a small request has (its own first), so a query image waits for the pass running now and
   a short one of its own;
 - with `max_wait` set, a batch that is not full waits up to that long for more rows while other
@@ -35,6 +35,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from clipserve.engine.small_requests import SmallRequests
 from clipserve.errors import DeadlineExceededError
 
 
@@ -47,13 +48,14 @@ def pad_to(arrays: Sequence[np.ndarray], width: int) -> list[np.ndarray]:
 class Task:
     """One kind of forward pass: `fn` maps row-aligned arrays to [rows, D]; `batch` is the most rows one
     pass takes; `pad_columns` right-pads 2-d arrays of different widths (token ids) before merging;
-    `small_short`: a pass led by a small newcomer (a request that has had no rows, with at most that many
-    waiting) takes at most that many rows, so it is short (0: every pass may take `batch` rows)."""
+    `short_for`: a pass led by a small newcomer (engine/small_requests.py: a request that has had no rows, with
+    few waiting) takes at most as many rows as a small request has, so it is short (None: every pass may take
+    `batch` rows)."""
 
     fn: Callable[..., np.ndarray]
     batch: int
     pad_columns: bool = False
-    small_short: int = 0
+    short_for: SmallRequests | None = None
 
 
 _ids = itertools.count()
@@ -206,8 +208,8 @@ class Scheduler:
     def _rows_waiting(self, request: Hashable) -> int:
         return sum(job.left for job in self._waiting[request])
 
-    def _is_small_newcomer(self, request: Hashable, small: int) -> bool:
-        return self._had.get(request, 0) == 0 and self._rows_waiting(request) <= small
+    def _is_small_newcomer(self, request: Hashable, small: SmallRequests) -> bool:
+        return small.is_newcomer(self._had.get(request, 0), self._rows_waiting(request))
 
     def _fill(self, order, kind: str, limit: int, rows: int, slices: list, contributors: list) -> int:
         """Add rows of `kind` from the requests in `order`, a fair share each, round after round, until the
@@ -252,10 +254,10 @@ class Scheduler:
         order = self._order()
         first = self._waiting[order[0]][0]
         kind, limit = first.kind, self.tasks[first.kind].batch
-        small = self.tasks[kind].small_short
+        small = self.tasks[kind].short_for
         groups = [order]
         if small and self._is_small_newcomer(order[0], small):
-            limit = min(limit, small)  # a short pass: every small newcomer's rows first, then others'
+            limit = min(limit, small.documents)  # a short pass: every small newcomer's rows first, then others'
             newcomers = {request for request in order if self._is_small_newcomer(request, small)}
             groups = [[r for r in order if r in newcomers], [r for r in order if r not in newcomers]]
         slices, rows, contributors = [], 0, []

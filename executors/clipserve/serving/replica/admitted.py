@@ -78,6 +78,17 @@ class AdmittedExecutor(Executor):
             self._drain = DrainInstaller(self, self.shutdown_grace, self._start_draining, self.logger)
             quiet_client_errors(worker_logger(self))  # refusals: one line now and then, no traceback
 
+    def admission_summary(self, settings) -> dict:
+        """This replica's bound on requests, as its readiness report carries it to the gateway
+        (gateway/replica_room.py mirrors it): the same for every executor behind admission."""
+        return {
+            'max_requests': settings.max_requests,
+            'max_queued_requests': settings.max_queued_requests,
+            'small_documents': self.admission.limits.small.documents,
+            'retry_after': self.admission.limits.retry_after,
+            'executor': type(self).__name__,
+        }
+
     def make_metrics(self) -> Metrics:
         return Metrics(getattr(self.runtime_args, 'metrics_registry', None), getattr(self.runtime_args, 'name', ''))
 

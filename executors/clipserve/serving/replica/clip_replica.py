@@ -17,7 +17,6 @@ import time
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.torch.lean_imports import keep_triton_out
 from clipserve.config.settings import executor_settings
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline
 from clipserve.errors import InvalidParameterError
@@ -209,13 +208,7 @@ class CLIPReplica(AdmittedExecutor):
         gateway mirrors it: gateway/replica_room.py); each flavour answers READY_ENDPOINT with one document per
         shard, so a head polling ALL shards merges them (Jina keys returned parameters by executor name,
         which the shards share)."""
-        admission = {
-            'max_requests': self.settings.max_requests,
-            'max_queued_requests': self.settings.max_queued_requests,
-            'small_documents': SMALL_REQUEST_DOCUMENTS,
-            'retry_after': self.admission.limits.retry_after,
-            'executor': type(self).__name__,
-        }
+        admission = self.admission_summary(self.settings)
         return (
             int(getattr(self.runtime_args, 'shard_id', 0) or 0),
             int(getattr(self.runtime_args, 'shards', 1) or 1),

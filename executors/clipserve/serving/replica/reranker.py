@@ -18,7 +18,6 @@ from clipserve.backends import create_cross_encoder, rerank_check
 from clipserve.backends.cross_encoder import RerankOptions
 from clipserve.config.parameters import check_bool, check_int
 from clipserve.config.reranker_settings import DIRECTIONS, reranker_settings
-from clipserve.engine.admission import SMALL_REQUEST_DOCUMENTS
 from clipserve.engine.rerank import RerankPipeline
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
 from clipserve.models.cross_encoder import PairTokenizer, resolve_cross_encoder
@@ -103,13 +102,7 @@ class CrossEncoderRanker(AdmittedExecutor):
     def ready(self, **kwargs):
         shard = int(getattr(self.runtime_args, 'shard_id', 0) or 0)
         shards = int(getattr(self.runtime_args, 'shards', 1) or 1)
-        admission = {
-            'max_requests': self.settings.max_requests,
-            'max_queued_requests': self.settings.max_queued_requests,
-            'small_documents': SMALL_REQUEST_DOCUMENTS,
-            'retry_after': self.admission.limits.retry_after,
-            'executor': type(self).__name__,
-        }
+        admission = self.admission_summary(self.settings)
         return ready_report(shard, shards, self._draining, admission)
 
     @requests(on=INFO_ENDPOINT)
