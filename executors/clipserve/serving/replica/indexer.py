@@ -58,24 +58,14 @@ class CLIPIndexer(common.IndexerBase):
         queries = docs[options.access_paths]
         if not len(queries):
             return None
-        hits = self.store.search(common.query_vectors(queries), options.limit, options.filter, options.ef)
-        collection = self.store.settings
-        name = common.score_name(collection)
-        for query, found in zip(queries, hits):
+        for query, found in zip(queries, common.found_matches(self.store, queries, options)):
             matches = []
             for hit in found:
-                payload = hit.payload if options.include_metadata else {}
-                match = document(
-                    hit.document_id,
-                    text=payload.get('text') or None,
-                    uri=payload.get('uri') or None,
-                    mime_type=payload.get('mime_type') or None,
-                    tags=payload.get('tags') or {},
-                )
-                set_score(match, name, common.match_score(collection, hit.score), name)
+                match = document(hit.id, text=hit.text, uri=hit.uri, mime_type=hit.mime_type, tags=hit.tags)
+                set_score(match, hit.score_name, hit.score, hit.score_name)
                 matches.append(match)
             query.matches = documents(matches)
-        return common.search_result(collection, options)
+        return common.search_result(self.store.settings, options)
 
     @requests(on='/status')
     def status(self, **kwargs):

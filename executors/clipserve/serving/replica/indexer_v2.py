@@ -63,22 +63,11 @@ class CLIPIndexer(common.IndexerBase):
         documents_v2.check_roots(options.access_paths)
         if not len(docs):
             return docs
-        hits = self.store.search(common.query_vectors(docs), options.limit, options.filter, options.ef)
-        collection = self.store.settings
-        name = common.score_name(collection)
-        for query, found in zip(docs, hits):
-            matches = []
-            for hit in found:
-                payload = hit.payload if options.include_metadata else {}
-                matches.append(
-                    ClipMatch(
-                        id=hit.document_id,
-                        text=payload.get('text') or None,
-                        url=payload.get('uri') or None,
-                        tags=payload.get('tags') or {},
-                        scores={name: common.match_score(collection, hit.score)},
-                    )
-                )
+        for query, found in zip(docs, common.found_matches(self.store, docs, options)):
+            matches = [
+                ClipMatch(id=hit.id, text=hit.text, url=hit.uri, tags=hit.tags, scores={hit.score_name: hit.score})
+                for hit in found
+            ]
             query.matches = ClipMatches(matches)
         return docs
 

@@ -154,6 +154,34 @@ def match_score(collection: CollectionSettings, engine_score: float) -> float:
     return 1.0 - float(engine_score)
 
 
+@dataclass(frozen=True)
+class Found:
+    """One match of a search, whatever the flavour writes it as: its id, the stored fields (empty without
+    include_metadata) and its score under its name."""
+
+    id: str
+    text: str | None
+    uri: str | None
+    mime_type: str | None
+    tags: dict
+    score_name: str
+    score: float
+
+
+def found_matches(store: VectorStore, queries, options: SearchOptions) -> list[list[Found]]:
+    """Each query's matches, best first: the store's hits with AnnLite's scores and the stored fields."""
+    collection = store.settings
+    name = score_name(collection)
+
+    def found(hit) -> Found:
+        payload = hit.payload if options.include_metadata else {}
+        fields = [payload.get(key) or None for key in ('text', 'uri', 'mime_type')]
+        return Found(hit.document_id, *fields, payload.get('tags') or {}, name, match_score(collection, hit.score))
+
+    hits = store.search(query_vectors(queries), options.limit, options.filter, options.ef)
+    return [[found(hit) for hit in each] for each in hits]
+
+
 def search_result(collection: CollectionSettings, options: SearchOptions) -> dict:
     """What this indexer returns for a head merging shards: the score to sort by, its order, the limit."""
     return {
