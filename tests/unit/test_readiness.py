@@ -6,7 +6,8 @@ import asyncio
 import grpc
 import pytest
 
-from clipserve.config.settings import EXECUTOR_SETTINGS, read_setting
+from clipserve.config.reading import read_setting
+from clipserve.config.settings import EXECUTOR_SETTINGS
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.gateway.readiness import FlowReadiness, grpc_addresses, judge_reports
 

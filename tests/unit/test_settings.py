@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from clipserve.config.settings import EXECUTOR_SETTINGS, Setting, convert, executor_settings, read_setting
+from clipserve.config.reading import Setting, convert, read_setting
+from clipserve.config.settings import EXECUTOR_SETTINGS, executor_settings
 from clipserve.errors import InvalidParameterError
 
 SETTINGS = {s.name: s for s in EXECUTOR_SETTINGS}

@@ -9,8 +9,10 @@ are read too.
 
 from __future__ import annotations
 
+import dataclasses
+
 from clipserve.config.parameters import check_access_paths, env_or_default
-from clipserve.config.settings import Setting, read_settings
+from clipserve.config.reading import Setting, read_settings
 
 METRIC_NAMES = ('cosine', 'euclidean', 'inner_product')
 QUANTIZATIONS = ('none', 'int8')
@@ -120,7 +122,5 @@ def indexer_settings(environ=None, **arguments):
             arguments.setdefault(new, value)
             if old not in ('dim', 'index_traversal_paths', 'search_traversal_paths', 'ef_query'):
                 warnings.append(f'"{old}" is deprecated; use "{new}"')
-    values = read_settings(INDEXER_SETTINGS, arguments, environ)
-    values['access_paths'] = check_access_paths('access_paths', values['access_paths'])
-    values['warnings'] = tuple(warnings)
-    return values
+    values = read_settings(INDEXER_SETTINGS, arguments, environ, 'IndexerSettings', warnings=tuple(warnings))
+    return dataclasses.replace(values, access_paths=check_access_paths('access_paths', values.access_paths))

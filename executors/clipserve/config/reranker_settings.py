@@ -7,7 +7,8 @@ limits and the drain are every replica's (`CLIPSERVE_MAX_REQUESTS`, ...), shared
 
 from __future__ import annotations
 
-from clipserve.config.settings import EXECUTOR_SETTINGS, Setting, read_settings
+from clipserve.config.reading import Setting, read_settings
+from clipserve.config.settings import EXECUTOR_SETTINGS
 from clipserve.models.runtimes import RERANK_BACKENDS
 
 DIRECTIONS = ('right', 'left')
@@ -59,4 +60,4 @@ RERANKER_SETTINGS: tuple[Setting, ...] = (
 
 
 def reranker_settings(environ=None, **arguments):
-    return read_settings(RERANKER_SETTINGS, arguments, environ)
+    return read_settings(RERANKER_SETTINGS, arguments, environ, 'RerankerSettings')

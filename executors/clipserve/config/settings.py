@@ -10,33 +10,14 @@ setting and what it accepts, at start. The reference in the docs is generated fr
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
 
 from clipserve.config.parameters import check_access_paths, check_bool, env_or_default
+from clipserve.config.reading import Setting, read_settings
 from clipserve.engine.small_requests import SMALL
-from clipserve.errors import InvalidParameterError
 from clipserve.models.runtimes import BACKENDS
 
 MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    kind: str  # str, int, float, bool, list, choice
-    default: Any
-    description: str
-    env: str | None = None  # default CLIPSERVE_<NAME>; '' for none
-    minimum: float | None = None
-    choices: tuple[str, ...] = ()
-    section: str = 'model'
-
-    @property
-    def variable(self) -> str | None:
-        return None if self.env == '' else (self.env or f'CLIPSERVE_{self.name.upper()}')
 
 
 def _s(name, kind, default, description, **extra) -> Setting:
@@ -271,129 +252,16 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-def read_setting(setting: Setting, given, environ=None):
-    """The value of one setting: the argument if given, else its environment variable, else its default."""
-    environ = os.environ if environ is None else environ
-    value = env_or_default(given, None)
-    source = 'argument'
-    if value is None and setting.variable:
-        value = env_or_default(environ.get(setting.variable), None)
-        source = setting.variable
-    if value is None:
-        return setting.default
-    return convert(setting, value, source)
-
-
-def convert(setting: Setting, value, source: str = 'argument'):
-    """`value` as the setting's type, checked; InvalidParameterError naming the setting (and the source) if not."""
-    where = f'{setting.name!r}' + (f' (from {source})' if source != 'argument' else '')
-    kind = setting.kind
-    if kind == 'bool':
-        if isinstance(value, str) and value.strip().lower() in ('1', 'yes', 'on', '0', 'no', 'off'):
-            return value.strip().lower() in ('1', 'yes', 'on')
-        try:
-            return check_bool(setting.name, value.strip() if isinstance(value, str) else value)
-        except InvalidParameterError:
-            raise InvalidParameterError(f'{where} must be true or false, got {value!r}') from None
-    if kind in ('int', 'float'):
-        return _number(setting, value, where)
-    if kind == 'list':
-        return _list(value, where)
-    if kind == 'columns':
-        return _columns(value, where)
-    text = str(value).strip()
-    if kind == 'choice' and text not in setting.choices:
-        raise InvalidParameterError(f'{where} must be one of {", ".join(setting.choices)}, got {value!r}')
-    return text
-
-
-def _number(setting: Setting, value, where: str):
-    wanted = 'an integer' if setting.kind == 'int' else 'a number'
-    bound = f' >= {setting.minimum:g}' if setting.minimum is not None else ''
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
-    try:
-        number = float(value)
-    except ValueError:
-        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}') from None
-    if not math.isfinite(number) or (setting.kind == 'int' and not number.is_integer()):
-        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
-    if setting.minimum is not None and number < setting.minimum:
-        raise InvalidParameterError(f'{where} must be {wanted}{bound}, got {value!r}')
-    return int(number) if setting.kind == 'int' else number
-
-
-def _list(value, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = value.split(',')
-    elif isinstance(value, (list, tuple)):
-        items = value
-    else:
-        raise InvalidParameterError(f'{where} must be a list or a comma-separated string, got {value!r}')
-    out = []
-    for item in items:
-        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
-            raise InvalidParameterError(f'{where}: every item must be a string, got {item!r}')
-        if str(item).strip():
-            out.append(str(item).strip())
-    return tuple(out)
-
-
-COLUMN_TYPES = ('str', 'int', 'float', 'bool')
-
-
-def _columns(value, where: str) -> tuple[tuple[str, str], ...]:
-    """(name, type) pairs: AnnLite's `[[name, type], ...]`, or `name:type,name:type` (environment variables)."""
-    items = [item.split(':', 1) if isinstance(item, str) else item for item in _list_or_pairs(value, where)]
-    out = []
-    for item in items:
-        if not isinstance(item, (list, tuple)) or len(item) != 2 or str(item[1]).strip() not in COLUMN_TYPES:
-            raise InvalidParameterError(
-                f'{where}: every column is [name, type] (or name:type) with type one of {", ".join(COLUMN_TYPES)}, '
-                f'got {item!r}'
-            )
-        out.append((str(item[0]).strip(), str(item[1]).strip()))
-    return tuple(out)
-
-
-def _list_or_pairs(value, where: str) -> list:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(',') if v.strip()]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise InvalidParameterError(f'{where} must be a list of [name, type] pairs or "name:type,...", got {value!r}')
-
-
-class Settings(dict):
-    """The read values by name, also as attributes; `warnings` lists deprecated arguments that were used."""
-
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-def read_settings(table: tuple[Setting, ...], arguments: dict, environ=None) -> Settings:
-    """Every setting of `table` from `arguments` (constructor arguments), the environment and the defaults."""
-    unknown = set(arguments) - {s.name for s in table}
-    if unknown:
-        raise InvalidParameterError(f'unknown setting(s) {", ".join(sorted(unknown))}')
-    values = Settings({s.name: read_setting(s, arguments.get(s.name), environ) for s in table})
-    values['warnings'] = ()
-    return values
-
-
-def executor_settings(environ=None, **arguments) -> Settings:
+def executor_settings(environ=None, **arguments):
     """An executor's settings, checked; the deprecated `traversal_paths` sets `access_paths`, and clip-as-service's
     `jit` (TorchScript, which clipserve does not run) is accepted and ignored, saying so when it is on."""
     old = env_or_default(arguments.pop('traversal_paths', None), None)
     jit = arguments.pop('jit', None)
-    values = read_settings(EXECUTOR_SETTINGS, arguments, environ)
+    warnings = []
     if old is not None:
-        values['access_paths'] = old
-        values['warnings'] = (*values['warnings'], '"traversal_paths" is deprecated; use "access_paths"')
+        arguments['access_paths'] = old
+        warnings.append('"traversal_paths" is deprecated; use "access_paths"')
     if jit is not None and check_bool('jit', jit):
-        values['warnings'] = (*values['warnings'], '"jit" (TorchScript) is ignored: the model runs as it is')
-    values['access_paths'] = check_access_paths('access_paths', values['access_paths'])
-    return values
+        warnings.append('"jit" (TorchScript) is ignored: the model runs as it is')
+    values = read_settings(EXECUTOR_SETTINGS, arguments, environ, 'ExecutorSettings', warnings=tuple(warnings))
+    return dataclasses.replace(values, access_paths=check_access_paths('access_paths', values.access_paths))

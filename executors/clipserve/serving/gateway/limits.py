@@ -34,7 +34,8 @@ import math
 
 import grpc
 
-from clipserve.config.settings import MiB, Setting, read_settings
+from clipserve.config.reading import Setting, read_settings
+from clipserve.config.settings import MiB
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway.api_error import APIError
 from clipserve.serving.gateway.metrics import GatewayMetrics
@@ -111,7 +112,7 @@ REFUSE_PAUSE_SECONDS = 0.1
 
 def gateway_limits(environ=None, **arguments):
     """The gateway's limits from its arguments (`uses_with`), else CLIPSERVE_* variables, else the defaults."""
-    return read_settings(GATEWAY_SETTINGS, arguments, environ)
+    return read_settings(GATEWAY_SETTINGS, arguments, environ, 'GatewaySettings')
 
 
 class InFlight:
