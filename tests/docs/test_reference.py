@@ -106,7 +106,10 @@ def test_a_missing_description_is_found(monkeypatch):
     blank = code_settings.Setting('new_thing', 'int', 1, ' ')
     monkeypatch.setattr(code_settings, 'EXECUTOR_SETTINGS', (*code_settings.EXECUTOR_SETTINGS, blank))
     assert check.undescribed_settings() == ['executor setting new_thing: no description']
-    monkeypatch.setitem(settings.OTHER_VARIABLES, 'CLIPSERVE_NOTHING_READS_THIS', ('-', 'x'))
+    from clipserve import environment
+
+    unread = environment.Variable('CLIPSERVE_NOTHING_READS_THIS', '-', 'x')
+    monkeypatch.setattr(environment, 'VARIABLES', (*environment.VARIABLES, unread))
     assert 'variable CLIPSERVE_NOTHING_READS_THIS: documented but nothing reads it' in check.undescribed_variables()
     monkeypatch.delitem(endpoints.PARAMETERS, 'reuse_embeddings')
     assert any(p.startswith('parameter reuse_embeddings: read by') for p in check.undescribed_parameters())

@@ -30,7 +30,7 @@ def undescribed_variables() -> list[str]:
         for v, files in sorted(in_code.items())
         if v not in documented
     ]
-    stale = [f'variable {v}: documented but nothing reads it' for v in settings.OTHER_VARIABLES if v not in in_code]
+    stale = [f'variable {v}: documented but nothing reads it' for v in settings.other_variables() if v not in in_code]
     return missing + stale
 
 

@@ -33,43 +33,17 @@ GATEWAY_ARGUMENTS = {
     ),
 }
 
-# CLIPSERVE_* variables the code reads that are not a setting's: name -> (read by, description)
-OTHER_VARIABLES = {
-    'CLIPSERVE_AUTH_TOKEN': (
-        '`ClipServeGateway` (`flows/auth.yml`), `clipserve serve --token`; `clipserve_client`, `clipserve embed --server`',
-        'The shared token every request must carry; the clients send it by default (a `--token` or `token=` wins).',
-    ),
-    'CLIPSERVE_AUTH': (
-        '`ClipServeGateway`',
-        'The gateway argument `auth` where not given: `required`, `optional`, `off`.',
-    ),
-    'CLIPSERVE_CACHE': (
-        'every backend, `python -m clipserve export`',
-        'The cache of weights, tokenizers, ONNX '
-        'exports and converted copies; default `$XDG_CACHE_HOME/clipserve`, else `~/.cache/clipserve`.',
-    ),
-    'CLIPSERVE_TLS_CERT': ('`flows/tls.yml`, `flows/secure-v2.yml`', "The gateway's certificate (PEM)."),
-    'CLIPSERVE_TLS_KEY': ('`flows/tls.yml`, `flows/secure-v2.yml`', "The gateway's private key (PEM)."),
-    'CLIPSERVE_CPU_BF16': (
-        '`dtype: auto` on every backend',
-        "`1` or `0`: override what the CPU's flags say about native bf16 (odd hypervisors, tests).",
-    ),
-    'CLIPSERVE_INT8_FORCE': (
-        '`dtype: int8`',
-        '`1`: serve int8 on a CPU whose int8 kernels were measured to change rankings (logged).',
-    ),
-    'CLIPSERVE_KEEP_TRITON': (
-        'torch on a CPU',
-        '`1`: let a CPU replica import Triton (by default it is kept out: about 75 MB per replica).',
-    ),
-    'CLIPSERVE_MAX_GRPC_MESSAGE_BYTES': (
-        "Jina's gRPC servers (executors, heads)",
-        'The largest gRPC message a server accepts.',
-    ),
-    'CLIPSERVE_TOKEN': ('`clipserve embed --server`', 'Deprecated (a warning): `CLIPSERVE_AUTH_TOKEN`.'),
-}
+
+def other_variables() -> dict[str, tuple[str, str]]:
+    """CLIPSERVE_* variables that are not a setting's, as the code declares them (clipserve/environment.py):
+    name -> (read by, description)."""
+    from clipserve import environment
+
+    return {v.name: (v.read_by, v.description) for v in environment.VARIABLES}
+
 
 VARIABLE = re.compile(r'CLIPSERVE_[A-Z0-9_]*[A-Z0-9]')
+DECLARED = re.compile(r'\benvironment\.([A-Z][A-Z0-9_]*)\b')  # a read of a variable of clipserve/environment.py
 
 
 @dataclass(frozen=True)
@@ -133,8 +107,16 @@ def variables_in_code() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     paths = [*(ROOT / 'executors' / 'clipserve').rglob('*.py'), *(ROOT / 'executors' / 'hub').rglob('*.yml')]
     paths += sorted((ROOT / 'flows').glob('*.yml'))
+    declared = ROOT / 'executors' / 'clipserve' / 'environment.py'  # where they are declared is not a read
+    from clipserve import environment
+
     for path in paths:
-        for name in VARIABLE.findall(path.read_text(encoding='utf-8')):
+        if path == declared:
+            continue
+        text = path.read_text(encoding='utf-8')
+        names = VARIABLE.findall(text)
+        names += [getattr(environment, attr).name for attr in DECLARED.findall(text) if hasattr(environment, attr)]
+        for name in names:
             found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
     return found
 
@@ -152,7 +134,7 @@ def variable_rows() -> list[tuple[str, str, str]]:
         for s in settings:
             if s.variable:
                 rows.append((s.variable, f'{where} setting `{s.name}`', s.description))
-    for name, (reader, description) in sorted(OTHER_VARIABLES.items()):
+    for name, (reader, description) in sorted(other_variables().items()):
         rows.append((name, reader, description))
     return rows
 

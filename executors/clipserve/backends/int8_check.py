@@ -19,10 +19,11 @@ from typing import Callable
 
 import numpy as np
 
+from clipserve import environment
 from clipserve.backends.cpu_features import cpu_features
 from clipserve.errors import BackendUnavailableError
 
-FORCE_ENV = 'CLIPSERVE_INT8_FORCE'
+FORCE_ENV = environment.INT8_FORCE.name
 MIN_COSINE = 0.995  # each image and text embedding against fp32's
 MIN_BATCH_COSINE = 0.9999  # an input alone against the same input in a batch
 IMAGES = 12
@@ -118,7 +119,7 @@ def enforce(report: Int8Report, backend: str, environ=None) -> str:
     failures = report.failures
     if not failures:
         return report.describe()
-    if str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on'):
+    if environment.INT8_FORCE.on(environ):
         return f'{report.describe()}; SERVED ANYWAY ({FORCE_ENV}=1): {"; ".join(failures)}'
     raise BackendUnavailableError(
         f'dtype int8 on the {backend} backend is refused on this CPU: {"; ".join(failures)}. Measured: '
@@ -131,7 +132,7 @@ def require_int8_dot_products(backend: str, environ=None) -> None:
     computes in fp32 anyway (OpenVINO dequantizes the int8 weights: no faster than fp32, measured)."""
     environ = os.environ if environ is None else environ
     features = cpu_features()
-    if features.int8_dot or str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on'):
+    if features.int8_dot or environment.INT8_FORCE.on(environ):
         return
     raise BackendUnavailableError(
         f'dtype int8 on the {backend} backend is refused on this CPU ({features.describe()}): without int8 '

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from clipserve import environment
 from clipserve.backends.cpu_features import BF16_FLAGS, cpu_features
 from clipserve.errors import BackendUnavailableError
 
@@ -44,7 +45,7 @@ _WHY_NOT = {
     ('openvino', 'gpu', 'int8'): 'int8 weights are quantized for CPUs only; use fp16 on Intel GPUs',
 }
 
-CPU_BF16_ENV = 'CLIPSERVE_CPU_BF16'  # '1' or '0' overrides what the CPU's flags say (tests, odd hypervisors)
+CPU_BF16_ENV = environment.CPU_BF16.name  # '1' or '0' overrides what the CPU's flags say (tests, odd hypervisors)
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ broken arithmetic, not the accuracy a trained model loses on real data."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from clipserve import environment
 from clipserve.backends.cpu_features import cpu_features
 from clipserve.backends.int8_check import CAPTIONS, FORCE_ENV
 from clipserve.errors import BackendUnavailableError
@@ -67,8 +67,7 @@ def check_precision(tokenizer, reduced, fp32) -> RerankPrecisionReport:
 
 
 def forced(environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    return str(environ.get(FORCE_ENV, '')).strip().lower() in ('1', 'true', 'yes', 'on')
+    return environment.INT8_FORCE.on(environ)
 
 
 def refusal(report: RerankPrecisionReport) -> BackendUnavailableError:

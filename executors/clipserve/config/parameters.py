@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from clipserve import environment
 from clipserve.errors import InvalidParameterError
 
 # jina leaves `${{ ENV.X }}` as the literal `$X` when X is unset.
@@ -52,7 +53,7 @@ def check_access_paths(key: str, value) -> str:
 
 
 # a Flow's token: the gateway requires it, `clipserve serve --token` sets it, `embed --server` and the clients send it
-TOKEN_ENV = 'CLIPSERVE_AUTH_TOKEN'
+TOKEN_ENV = environment.AUTH_TOKEN.name
 
 # Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
 # routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.

@@ -16,13 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from clipserve import environment
 from clipserve.config.parameters import TOKEN_ENV
 from clipserve.jobs.bridge import BACKENDS
 from clipserve.jobs.job import MODALITIES, JobOptions, prepare
 from clipserve.jobs.readers import FORMATS, InputError
 from clipserve.jobs.writers import OUTPUT_DTYPES, FolderLock, OutputError, check_manifest, check_rerun
 
-OLD_TOKEN_ENV = 'CLIPSERVE_TOKEN'  # this command's name for it before 0.1.0
+OLD_TOKEN_ENV = environment.OLD_TOKEN.name  # this command's name for it before 0.1.0
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-CACHE_ENV = 'CLIPSERVE_CACHE'
+from clipserve import environment
+
+CACHE_ENV = environment.CACHE.name
 
 
 def cache_dir() -> Path:
     """`$CLIPSERVE_CACHE`, else `$XDG_CACHE_HOME/clipserve`, else `~/.cache/clipserve`."""
-    explicit = os.environ.get(CACHE_ENV)
+    explicit = environment.CACHE.value()
     if explicit:
         return Path(explicit).expanduser()
     base = os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache'

@@ -11,16 +11,17 @@ turns it off.
 
 from __future__ import annotations
 
-import os
 import sys
 
-KEEP_ENV = 'CLIPSERVE_KEEP_TRITON'
+from clipserve import environment
+
+KEEP_ENV = environment.KEEP_TRITON.name
 
 
 def keep_triton_out(device: str | None) -> bool:
     """Before the torch backend loads: make Triton unimportable if this process will run torch on
     the CPU. True when it did; False when Triton is already imported, wanted, or may be needed."""
-    if os.environ.get(KEEP_ENV, '').lower() in ('1', 'true', 'yes') or 'triton' in sys.modules:
+    if environment.KEEP_TRITON.on() or 'triton' in sys.modules:
         return False
     if device in (None, '', 'auto'):
         import torch  # importing torch itself does not import Triton

@@ -21,6 +21,7 @@ import os
 
 import grpc
 
+from clipserve import environment
 from clipserve.config.parameters import TOKEN_ENV
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.gateway import openai_api as api
@@ -28,7 +29,7 @@ from clipserve.serving.gateway.api_error import AUTH_ERROR
 from clipserve.serving.gateway.limits import refusing
 from clipserve.serving.gateway.readiness import HEALTH_PATH, LIVE_PATH, READY_PATH
 
-AUTH_ENV = 'CLIPSERVE_AUTH'  # the gateway's `auth` where its argument is not given: required | optional | off
+AUTH_ENV = environment.AUTH.name  # the gateway's `auth` where its argument is not given: required | optional | off
 AUTH_MODES = ('required', 'optional', 'off')
 # Open without the token: the standard gRPC health service (SERVING / NOT_SERVING only).
 OPEN_GRPC_PREFIXES = ('/grpc.health.v1.Health/',)

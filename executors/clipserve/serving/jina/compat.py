@@ -24,8 +24,10 @@ import gc
 import logging
 import os
 
+from clipserve import environment
+
 JINA_CHECKED = '3.34.0'
-MAX_MESSAGE_ENV = 'CLIPSERVE_MAX_GRPC_MESSAGE_BYTES'
+MAX_MESSAGE_ENV = environment.MAX_GRPC_MESSAGE_BYTES.name
 DEFAULT_MAX_MESSAGE_BYTES = 100 * 1024 * 1024
 
 logger = logging.getLogger(__name__)
