@@ -174,7 +174,8 @@ def test_no_extra_is_named_like_a_version():
 def test_jina_and_docarray_stay_behind_the_serving_door():
     """Jina and DocArray are imported by serving/jina/ (the door both processes share) and, besides it, only by
     the gateway classes Jina's gateway is extended into and the v1 replica's documents and executors. The
-    package's top level holds at most 12 modules: the rest of clipserve runs, and is tested, without either."""
+    package's top level holds at most 13 modules (a package per layer, the two bottom modules errors and
+    environment, the entry points): the rest of clipserve runs, and is tested, without either."""
     import re
 
     package = ROOT / 'executors' / 'clipserve'
@@ -185,7 +186,7 @@ def test_jina_and_docarray_stay_behind_the_serving_door():
     strays = [p for p in importers if not p.startswith('serving/jina/') and p not in beside_the_door]
     assert not strays, strays
     top_level = [p for p in package.iterdir() if p.suffix == '.py' or (p / '__init__.py').is_file()]
-    assert len(top_level) <= 12, sorted(p.name for p in top_level)
+    assert len(top_level) <= 13, sorted(p.name for p in top_level)
 
 
 def test_the_version_is_pyprojects():

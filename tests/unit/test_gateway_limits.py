@@ -3,11 +3,13 @@ they are read or as they stream, requests in flight bounded (429 + Retry-After, 
 HTTP answers given statuses by error kind, the settings. gRPC and real Flows: tests/integration/."""
 
 import asyncio
+import dataclasses
 import json
 import time
 
 import pytest
 
+from clipserve.config.gateway_settings import gateway_settings
 from clipserve.errors import DeadlineExceededError, InvalidDocumentError, InvalidParameterError, OverloadedError
 from clipserve.serving.gateway import limits
 from clipserve.serving.gateway.statuses import ExecutorErrorStatus, error_status
@@ -165,14 +167,29 @@ def test_jinas_http_answers_get_statuses_by_the_errors_kind(error, expected):
 
 
 def test_the_gateways_settings_come_from_arguments_then_variables_and_are_checked():
-    assert limits.gateway_limits(environ={}).max_in_flight == 512
-    values = limits.gateway_limits(environ={'CLIPSERVE_MAX_BODY_BYTES': '2048'}, max_in_flight='7')
+    assert gateway_settings(environ={}).max_in_flight == 512
+    values = gateway_settings(environ={'CLIPSERVE_MAX_BODY_BYTES': '2048'}, max_in_flight='7')
     assert (values.max_body_bytes, values.max_in_flight, values.max_request_bytes) == (2048, 7, 64 * 1024 * 1024)
     for bad in ({'max_in_flight': 0}, {'max_body_bytes': 'lots'}, {'retry_after': float('nan')}):
         with pytest.raises(InvalidParameterError, match=next(iter(bad))):
-            limits.gateway_limits(environ={}, **bad)
+            gateway_settings(environ={}, **bad)
     with pytest.raises(InvalidParameterError, match='CLIPSERVE_MAX_REQUEST_BYTES'):
-        limits.gateway_limits(environ={'CLIPSERVE_MAX_REQUEST_BYTES': '-1'})
+        gateway_settings(environ={'CLIPSERVE_MAX_REQUEST_BYTES': '-1'})
+
+
+def test_what_the_gateway_serves_is_in_the_same_typed_settings():
+    served = gateway_settings(environ={})
+    assert (served.openai_routes, served.playground, served.readiness_interval) == (True, True, 1.0)
+    off = gateway_settings(environ={'CLIPSERVE_PLAYGROUND': 'off'}, openai_routes='false', readiness_interval='0.5')
+    assert (off.openai_routes, off.playground, off.readiness_interval) == (False, False, 0.5)
+    with pytest.raises(InvalidParameterError, match='readiness_interval'):
+        gateway_settings(environ={}, readiness_interval=0)
+    with pytest.raises(InvalidParameterError, match='playground'):
+        gateway_settings(environ={}, playground='sometimes')
+    with pytest.raises(dataclasses.FrozenInstanceError):  # read once at start, never changed after
+        served.max_in_flight = 1
+    with pytest.raises(InvalidParameterError, match='unknown setting'):
+        gateway_settings(environ={}, max_inflight=3)
 
 
 def test_a_capped_stream_reads_its_next_request_only_after_an_answer_and_waits_idle():

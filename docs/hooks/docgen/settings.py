@@ -1,9 +1,9 @@
 """The settings reference: every executor and gateway setting, and every CLIPSERVE_* variable the code reads.
 
 Sources: `clipserve.config.settings.EXECUTOR_SETTINGS` (name, kind, default, description, variable),
-`clipserve.serving.gateway.limits.GATEWAY_SETTINGS` (the gateway's limits) and the gateways' constructor
-signatures (`ReadyGateway`, `ClipServeGateway`); a gateway argument outside GATEWAY_SETTINGS takes its
-default from the signature and its description from GATEWAY_ARGUMENTS below, until it moves into the table.
+`clipserve.config.gateway_settings.GATEWAY_SETTINGS` (the gateway's limits and routes) and the gateways'
+constructor signatures (`ReadyGateway`, `ClipServeGateway`); a gateway argument outside GATEWAY_SETTINGS takes
+its default from the signature and its description from GATEWAY_ARGUMENTS below.
 """
 
 from __future__ import annotations
@@ -18,14 +18,8 @@ from docgen.markdown import code, page, table
 ROOT = Path(__file__).resolve().parents[3]
 MiB = 1024 * 1024
 
-# gateway arguments that are not (yet) in GATEWAY_SETTINGS: name -> (variable, description)
+# gateway arguments that are not in GATEWAY_SETTINGS: name -> (variable, description)
 GATEWAY_ARGUMENTS = {
-    'readiness_interval': (
-        None,
-        "Seconds between the gateway's probes of every executor copy (`GET /readyz`, gRPC health `readiness`).",
-    ),
-    'openai_routes': (None, 'Serve `/v1/models`, `/v1/embeddings` and `/v1/rank` on the HTTP port.'),
-    'playground': (None, 'Serve the `/playground` page on the HTTP port.'),
     'auth': (
         'CLIPSERVE_AUTH',
         '`ClipServeGateway` only: `required` (no token, no start), `optional` (checked when '
@@ -85,10 +79,10 @@ def reranker_rows() -> list[Row]:
 
 def gateway_rows() -> list[Row]:
     """GATEWAY_SETTINGS, then every other argument of the gateways' constructors."""
-    from clipserve.serving.gateway import limits
+    from clipserve.config.gateway_settings import GATEWAY_SETTINGS
     from clipserve.serving.gateway.gateways import ClipServeGateway, ReadyGateway
 
-    rows = _rows(limits.GATEWAY_SETTINGS)
+    rows = _rows(GATEWAY_SETTINGS)
     known = {r.name for r in rows}
     for cls in (ReadyGateway, ClipServeGateway):
         for name, parameter in inspect.signature(cls.__init__).parameters.items():
@@ -216,7 +210,7 @@ def settings_page() -> str:
     parts += ['## Gateway settings\n', GATEWAY_INTRO, _settings_table(gateway_rows())]
     source = (
         'clipserve.config.settings.EXECUTOR_SETTINGS, clipserve.config.indexer_settings.INDEXER_SETTINGS, '
-        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.serving.gateway.limits.GATEWAY_SETTINGS, '
+        'clipserve.config.reranker_settings.RERANKER_SETTINGS, clipserve.config.gateway_settings.GATEWAY_SETTINGS, '
         'serving/gateway/gateways.py'
     )
     return page('Settings', source, *parts)

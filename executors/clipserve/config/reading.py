@@ -2,7 +2,7 @@
 its default, checked against its type and range, and a table of them read into one typed, frozen object.
 
 The tables themselves are config/settings.py (executors), config/indexer_settings.py, config/reranker_settings.py
-and serving/gateway/limits.py (the gateway); each process reads its own table once, at start.
+and config/gateway_settings.py (the gateway); each process reads its own table once, at start.
 """
 
 from __future__ import annotations

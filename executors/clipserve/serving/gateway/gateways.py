@@ -17,7 +17,7 @@ it streams), the token (headers and metadata only), the gateway's bound on reque
 routes; on its way to an executor, the replicas' own bound, mirrored (replica_room.py). Health and
 readiness checks pass every one of them but the size.
 
-Arguments (`uses_with`; each also a CLIPSERVE_* variable, limits.GATEWAY_SETTINGS): max_request_bytes,
+Arguments (`uses_with`; each also a CLIPSERVE_* variable, config/gateway_settings.py): max_request_bytes,
 max_body_bytes, max_inputs, max_in_flight, max_stream_requests, retry_after; readiness_interval,
 openai_routes, playground;
 ClipServeGateway: auth.
@@ -34,7 +34,7 @@ from jina.serve.runtimes.servers.grpc import GRPCServer
 from jina.serve.runtimes.servers.http import FastAPIBaseServer, HTTPServer
 from jina.serve.runtimes.servers.websocket import WebSocketServer
 
-from clipserve.config.parameters import check_bool, env_or_default
+from clipserve.config.gateway_settings import GATEWAY_SETTINGS, gateway_settings
 from clipserve.serving.gateway import flow_calls
 from clipserve.serving.gateway import limits as limits_
 from clipserve.serving.gateway import openai_routes as v1_routes
@@ -74,7 +74,7 @@ cancel_calls_with_their_requests()  # a request cancelled at the gateway stops a
 
 # never counted nor refused for load (GET/HEAD): readiness, liveness, Jina's own health check, the page
 UNCOUNTED_PATHS = OPEN_HTTP_PATHS + OPEN_PAGES + ('/', METRICS_PATH, '/openapi.json', '/docs', '/redoc')
-LIMIT_NAMES = tuple(s.name for s in limits_.GATEWAY_SETTINGS)
+LIMIT_NAMES = tuple(s.name for s in GATEWAY_SETTINGS if s.name.startswith(('max_', 'retry_')))
 READINESS_PATHS = (READY_PATH, HEALTH_PATH, LIVE_PATH)
 
 
@@ -164,9 +164,9 @@ class ReadyGateway(CompositeGateway):
 
     def __init__(
         self,
-        readiness_interval: float = 1.0,
-        openai_routes: bool = True,
-        playground: bool = True,
+        readiness_interval: float | None = None,
+        openai_routes: bool | None = None,
+        playground: bool | None = None,
         max_request_bytes: int | None = None,
         max_body_bytes: int | None = None,
         max_inputs: int | None = None,
@@ -177,37 +177,31 @@ class ReadyGateway(CompositeGateway):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.limits = limits_.gateway_limits(
-            max_request_bytes=max_request_bytes,
-            max_body_bytes=max_body_bytes,
-            max_inputs=max_inputs,
-            max_in_flight=max_in_flight,
-            max_stream_requests=max_stream_requests,
-            max_queued_large=max_queued_large,
-            retry_after=retry_after,
-        )
-        cap_stream_prefetch(self.streamer, self.limits.max_stream_requests)
+        # the arguments are named here for Jina (which passes `uses_with` by name); they are read as one table
+        given = dict(locals())
+        self.settings = gateway_settings(**{s.name: given[s.name] for s in GATEWAY_SETTINGS})
+        cap_stream_prefetch(self.streamer, self.settings.max_stream_requests)
         deployments = grpc_addresses(getattr(self.runtime_args, 'deployments_addresses', None) or '{}')
-        self.readiness = FlowReadiness(deployments, interval=float(readiness_interval), log=self.logger)
+        self.readiness = FlowReadiness(deployments, interval=self.settings.readiness_interval, log=self.logger)
         self._readiness_task = None
         registry = getattr(self, 'metrics_registry', None)
         self.gateway_metrics = GatewayMetrics(registry)
-        self.in_flight = limits_.InFlight(self.limits.max_in_flight, self.limits.retry_after, self.gateway_metrics)
+        self.in_flight = limits_.InFlight(self.settings.max_in_flight, self.settings.retry_after, self.gateway_metrics)
         # a large request that every replica would refuse is refused here, not forwarded (replica_room.py)
-        self.replica_room = ReplicaRoom(self.gateway_metrics, self.limits.max_queued_large)
+        self.replica_room = ReplicaRoom(self.gateway_metrics, self.settings.max_queued_large)
         self.readiness.report_listeners.append(self.replica_room.update)
         screen_executor_sends(self.streamer, self.replica_room)
         self.token = self._token()
         self.openai = None
-        if check_bool('openai_routes', env_or_default(openai_routes, True)):
+        if self.settings.openai_routes:
             self.openai = (
                 flow_calls.FlowCalls(self.streamer, self.logger),
                 v1_routes.OpenAIMetrics(registry),
-                check_bool('playground', env_or_default(playground, True)),
+                self.settings.playground,
             )
         for server in self.servers:
             self._install(server)
-        shown = ', '.join(f'{name}={self.limits[name]}' for name in LIMIT_NAMES)
+        shown = ', '.join(f'{name}={getattr(self.settings, name)}' for name in LIMIT_NAMES)
         self.logger.info(f'gateway limits: {shown}')
         host, ports = getattr(self.runtime_args, 'host', None), getattr(self.runtime_args, 'port', None)
         warning = open_to_all(host, self.token, ports)
@@ -224,17 +218,19 @@ class ReadyGateway(CompositeGateway):
         """Readiness, limits, token and routes on one of Jina's servers, chosen by its type."""
         if isinstance(server, GRPCServer):
             expose_readiness(server, self.readiness)
-            replaced = set_grpc_server_option(server, 'grpc.max_receive_message_length', self.limits.max_request_bytes)
-            if replaced not in (None, self.limits.max_request_bytes):
+            replaced = set_grpc_server_option(
+                server, 'grpc.max_receive_message_length', self.settings.max_request_bytes
+            )
+            if replaced not in (None, self.settings.max_request_bytes):
                 self.logger.warning(
                     f'grpc_server_options sets grpc.max_receive_message_length={replaced}; '
-                    f'the gateway uses its max_request_bytes={self.limits.max_request_bytes}'
+                    f'the gateway uses its max_request_bytes={self.settings.max_request_bytes}'
                 )
             token = [TokenInterceptor(self.token)] if self.token else []
-            admission = limits_.AdmissionInterceptor(self.in_flight, self.limits.max_stream_requests)
+            admission = limits_.AdmissionInterceptor(self.in_flight, self.settings.max_stream_requests)
             add_grpc_interceptors(server, [*token, admission])
         elif isinstance(server, (FastAPIBaseServer, WebSocketServer)):
-            wrap_app_after_setup(server, lambda app, s=server: self._asgi(app, s), self.limits.max_request_bytes)
+            wrap_app_after_setup(server, lambda app, s=server: self._asgi(app, s), self.settings.max_request_bytes)
         else:
             raise AuthConfigError(
                 f'cannot serve on a {type(server).__name__} server; use the grpc, http or websocket protocol'
@@ -247,15 +243,15 @@ class ReadyGateway(CompositeGateway):
         if isinstance(server, HTTPServer):
             flow, metrics, playground = self.openai or (None, None, False)
             if self.openai is not None:
-                app = v1_routes.OpenAIRoutes(app, flow, self.limits, metrics, playground, self.logger)
+                app = v1_routes.OpenAIRoutes(app, flow, self.settings, metrics, playground, self.logger)
             registry = getattr(self, 'metrics_registry', None)
             app = ServiceRoutes(app, self.readiness, flow, registry, playground, fastapi_app(jina_app))
         app = ReadinessMiddleware(app, self.readiness)
-        peer_cap = self.limits.max_stream_requests
+        peer_cap = self.settings.max_stream_requests
         app = limits_.Admission(app, self.in_flight, uncounted, peer_cap, v1_routes.on_arrival)
         if self.token:
             app = TokenMiddleware(app, self.token)
-        return limits_.BodyLimit(app, self.limits.max_body_bytes, self.gateway_metrics)
+        return limits_.BodyLimit(app, self.settings.max_body_bytes, self.gateway_metrics)
 
     @property
     def _should_exit(self) -> bool:

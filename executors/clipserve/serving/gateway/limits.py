@@ -34,69 +34,11 @@ import math
 
 import grpc
 
-from clipserve.config.reading import Setting, read_settings
-from clipserve.config.settings import MiB
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway.api_error import APIError
 from clipserve.serving.gateway.metrics import GatewayMetrics
 from clipserve.serving.gateway.peer_share import PeerShare, TurnTimedOut
 from clipserve.serving.jina.gateway_hooks import CappedPrefetch
-
-GATEWAY_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        'max_request_bytes',
-        'int',
-        64 * MiB,
-        'The largest gRPC or WebSocket message (one Jina request) the gateway takes; larger ones are refused.',
-        minimum=1024,
-        section='gateway',
-    ),
-    Setting(
-        'max_body_bytes',
-        'int',
-        32 * MiB,
-        'The largest HTTP body (any route, /post and /v1 included): 413 before it is read.',
-        minimum=1024,
-        section='gateway',
-    ),
-    Setting(
-        'max_inputs', 'int', api.MAX_INPUTS, 'Items per /v1 request (OpenAI allows 2048).', minimum=1, section='gateway'
-    ),
-    Setting(
-        'max_in_flight',
-        'int',
-        512,
-        'Requests the gateway holds at once, all protocols together; more: 429 / RESOURCE_EXHAUSTED.',
-        minimum=1,
-        section='gateway',
-    ),
-    Setting(
-        'max_stream_requests',
-        'int',
-        8,
-        'Requests of one client stream (gRPC, WebSocket) or HTTP client address let through at once; more wait.',
-        minimum=1,
-        section='gateway',
-    ),
-    Setting(
-        'max_queued_large',
-        'int',
-        32,
-        "Large requests the gateway lets wait in each replica's queue (at most the replica's max_queued_requests); "
-        'more: refused here, retryably, so sustained overload holds bounded memory. The rest of a queue is for '
-        "clients behind Jina's own gateway (a prefetch of 1000).",
-        minimum=0,
-        section='gateway',
-    ),
-    Setting(
-        'retry_after',
-        'float',
-        1.0,
-        'Seconds a client refused for load is told to wait (Retry-After).',
-        minimum=0,
-        section='gateway',
-    ),
-)
 
 # gRPC methods that carry requests (counted, refused past the bound); health, reflection, info are not
 DATA_GRPC_PREFIXES = (
@@ -108,11 +50,6 @@ DATA_GRPC_PREFIXES = (
 # before refusing a gRPC call without reading it, give a client that is still writing small messages the
 # time to finish: a refusal that arrives mid-write surfaces on grpc.aio clients (Jina's) as INTERNAL
 REFUSE_PAUSE_SECONDS = 0.1
-
-
-def gateway_limits(environ=None, **arguments):
-    """The gateway's limits from its arguments (`uses_with`), else CLIPSERVE_* variables, else the defaults."""
-    return read_settings(GATEWAY_SETTINGS, arguments, environ, 'GatewaySettings')
 
 
 class InFlight:

@@ -24,10 +24,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from clipserve.config.gateway_settings import MAX_INPUTS
 from clipserve.inputs.uris import UriError, decode_data_uri
 from clipserve.serving.gateway.api_error import APIError, bad_request, item_error, items_error
 
-MAX_INPUTS = 2048  # items per request, as OpenAI's embeddings API allows
 MODELS_PATH = '/v1/models'
 EMBEDDINGS_PATH = '/v1/embeddings'
 RANK_PATH = '/v1/rank'
