@@ -258,8 +258,39 @@ def test_http_requests_of_one_client_address_pass_a_few_at_a_time_and_other_addr
         tasks = [asyncio.ensure_future(request('a')) for _ in range(5)] + [asyncio.ensure_future(request('b'))]
         await asyncio.sleep(0.05)
         assert inside == {'a': 2, 'b': 1}  # a's other three wait; b is not behind them
+        assert (share.waiting('a'), share.waiting('b')) == (3, 0)
         release.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 1)
         assert most == {'a': 2, 'b': 1} and share._peers == {}  # nothing kept for addresses gone
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_turn_does_not_come_in_time_leaves_the_line_and_loses_nothing():
+    from clipserve.serving.gateway.peer_share import PeerShare, TurnTimedOut
+
+    share = PeerShare(1)
+    release, order = asyncio.Event(), []
+
+    async def request(name, timeout=None):
+        async with share.share('a', timeout):
+            order.append(name)
+            await release.wait()
+
+    async def scenario():
+        first = asyncio.ensure_future(request('first'))
+        await asyncio.sleep(0)
+        with pytest.raises(TurnTimedOut):
+            await request('impatient', timeout=0.05)
+        waiting = asyncio.ensure_future(request('patient'))
+        cancelled = asyncio.ensure_future(request('cancelled'))
+        await asyncio.sleep(0)
+        assert share.waiting('a') == 2
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        assert share.waiting('a') == 1  # the cancelled one left the line
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, waiting), 5)
+        assert order == ['first', 'patient'] and share._peers == {}
 
     asyncio.run(scenario())

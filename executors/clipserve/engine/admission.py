@@ -15,18 +15,17 @@ queue: they never wait for documents' room, and `small_reserve` places beyond `m
 alone, so a pipeline's queries are not stuck behind its own indexing; the scheduler then runs them in the
 next forward pass (engine/scheduler.py).
 
-Everything here runs on the replica's event loop (one thread): waiting is an asyncio future per queued
-request, granted when a place is given back, never a poll.
+Everything here runs on the replica's event loop (one thread): the queue is a waiting line
+(engine/waiting_line.py) in arrival order, each request granted when a place is given back, never a poll.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from clipserve.engine.small_requests import SMALL, SmallRequests
+from clipserve.engine.waiting_line import Line, Ticket
 from clipserve.errors import DeadlineExceededError, OverloadedError
 
 MiB = 1024 * 1024
@@ -52,12 +51,11 @@ class Place:
     reserved: bool = False  # a place of the small reserve
 
 
-@dataclass(eq=False)
-class _Waiter:
+@dataclass(frozen=True)
+class _Asks:
     documents: int
     nbytes: int
     small: bool
-    granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Admission:
@@ -72,42 +70,38 @@ class Admission:
         self.admitted = 0
         self.queued_documents = 0
         self.queued_bytes = 0
-        self._queue: collections.deque[_Waiter] = collections.deque()
+        self.line = Line()  # the queue, in arrival order
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self.line)
 
     async def enter(self, documents: int, nbytes: int = 0, deadline: float | None = None) -> Place:
         """A place for a request of `documents` documents (`nbytes` content bytes): at once when one is free
         and nothing larger waits before it, else after waiting in the queue; OverloadedError when the queue is
         full, DeadlineExceededError when `deadline` (time.monotonic()) passes first."""
-        waiter = _Waiter(documents, nbytes, self.limits.small.is_small(documents))
-        place = self._take(waiter, queue_empty=not self._queue)
+        asks = _Asks(documents, nbytes, self.limits.small.is_small(documents))
+        place = self._take(asks, queue_empty=not self.line)
         if place is not None:
             return place
-        self._check_queue_room(waiter)
-        self._queue.append(waiter)
+        self._check_queue_room(asks)
+        ticket = self.line.join(asks, asynchronous=True)
         self.queued_documents += documents
         self.queued_bytes += nbytes
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.granted), timeout)
-        except BaseException as error:
-            if waiter.granted.done() and not waiter.granted.cancelled():
-                self.leave(waiter.granted.result())  # granted as the wait ended: give the place back
-            else:
-                self._dequeue(waiter)
-                waiter.granted.cancel()
-                self._grant()  # a large request it held back may fit now
-            if isinstance(error, asyncio.TimeoutError):
-                raise DeadlineExceededError(
-                    f'deadline exceeded waiting in the queue: {self.requests} requests and {self.documents} '
-                    f'documents in flight on this replica (max_requests={self.limits.max_requests}, '
-                    f'max_documents={self.limits.max_documents}), {self.queued} waiting; this request has '
-                    f'{documents} documents'
-                ) from None
+            granted = await Line.wait_async(ticket, deadline)
+        except BaseException:
+            self._give_up(ticket)
             raise
+        if granted:
+            return ticket.value
+        self._give_up(ticket)
+        raise DeadlineExceededError(
+            f'deadline exceeded waiting in the queue: {self.requests} requests and {self.documents} '
+            f'documents in flight on this replica (max_requests={self.limits.max_requests}, '
+            f'max_documents={self.limits.max_documents}), {self.queued} waiting; this request has '
+            f'{documents} documents'
+        )
 
     def leave(self, place: Place) -> None:
         """Give back a request's place and its documents' room; the next in the queue may take them."""
@@ -116,9 +110,18 @@ class Admission:
         self.small -= place.reserved
         self._grant()
 
+    def _give_up(self, ticket: Ticket) -> None:
+        """A request that stops waiting: a place granted meanwhile is given back, else it leaves the queue."""
+        if ticket.granted:
+            self.leave(ticket.value)
+        else:
+            self._uncount(ticket)
+            self.line.leave(ticket)
+            self._grant()  # a large request it held back may fit now
+
     # ---- the rules ------------------------------------------------------------------------------------
 
-    def _take(self, waiter: _Waiter, queue_empty: bool) -> Place | None:
+    def _take(self, waiter: _Asks, queue_empty: bool) -> Place | None:
         """Admit `waiter` now if the rules let it (see the module's docstring), or None."""
         ordinary = self.requests - self.small < self.limits.max_requests
         if waiter.small:
@@ -141,33 +144,31 @@ class Admission:
         """Places to the waiters that may take them: small ones wherever they are in line, large ones in order
         (the first large one that does not fit holds the others back)."""
         large_ahead = False
-        for waiter in list(self._queue):
-            if waiter.granted.done():
+        for ticket in self.line:
+            asks = ticket.want
+            if not asks.small and large_ahead:
                 continue
-            if not waiter.small and large_ahead:
-                continue
-            place = self._take(waiter, queue_empty=True)
+            place = self._take(asks, queue_empty=True)
             if place is None:
-                large_ahead = large_ahead or not waiter.small
+                large_ahead = large_ahead or not asks.small
                 continue
-            self._dequeue(waiter)
-            waiter.granted.set_result(place)
+            self._uncount(ticket)
+            self.line.grant(ticket, place)
 
-    def _dequeue(self, waiter: _Waiter) -> None:
-        if waiter in self._queue:
-            self._queue.remove(waiter)
-            self.queued_documents -= waiter.documents
-            self.queued_bytes -= waiter.nbytes
+    def _uncount(self, ticket: Ticket) -> None:
+        """`ticket` leaves the queue's counts (granted, or gone)."""
+        self.queued_documents -= ticket.want.documents
+        self.queued_bytes -= ticket.want.nbytes
 
-    def _check_queue_room(self, waiter: _Waiter) -> None:
+    def _check_queue_room(self, waiter: _Asks) -> None:
         """OverloadedError naming the queue's bound that `waiter` would pass (a request alone in the queue
         passes none but the count: whatever its size, it may wait)."""
         limits = self.limits
-        if len(self._queue) >= limits.queued_requests:
-            exceeded = ('max_queued_requests', f'{len(self._queue)} requests waiting')
-        elif self._queue and self.queued_documents + waiter.documents > limits.queued_documents:
+        if len(self.line) >= limits.queued_requests:
+            exceeded = ('max_queued_requests', f'{len(self.line)} requests waiting')
+        elif self.line and self.queued_documents + waiter.documents > limits.queued_documents:
             exceeded = ('max_queued_documents', f'{self.queued_documents} documents waiting')
-        elif self._queue and self.queued_bytes + waiter.nbytes > limits.queued_bytes:
+        elif self.line and self.queued_bytes + waiter.nbytes > limits.queued_bytes:
             exceeded = ('max_queued_bytes', f'{self.queued_bytes} bytes waiting')
         else:
             return

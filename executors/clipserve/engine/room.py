@@ -14,12 +14,10 @@ bounded (engine/admission.py).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
-import time
 
 from clipserve.engine.small_requests import SmallRequests
+from clipserve.engine.waiting_line import Line
 from clipserve.errors import DeadlineExceededError
 
 
@@ -31,15 +29,13 @@ class Room:
         self.free = rows  # below 0 while small newcomers hold part of the reserve
         self.reserve = reserve
         self.small = small
-        self._changed = threading.Condition()
-        self._waiting: list[tuple[int, int, int]] = []  # (rows had, rows asked, arrival): a heap, first goes next
-        self._arrivals = itertools.count()
+        self._lock = threading.Lock()
+        self.line = Line()  # ordered by (rows had, rows asked), then arrival: the first goes next
 
     @property
     def waiting(self) -> int:
         """Requests waiting for room now (observable: metrics and tests read it instead of guessing by time)."""
-        with self._changed:
-            return len(self._waiting)
+        return len(self.line)
 
     def take(self, rows: int, deadline: float | None = None, had: int = 0) -> None:
         """Wait for `rows` rows of room (a minibatch larger than the whole room waits until it is empty);
@@ -47,28 +43,29 @@ class Room:
         need = min(rows, self.capacity)
         # what must be free: a small newcomer may dip into the reserve
         enough = need - self.reserve if self.small and self.small.is_newcomer(had, need) else need
-        with self._changed:
-            ticket = (had, need, next(self._arrivals))
-            heapq.heappush(self._waiting, ticket)
-            try:
-                while self._waiting[0] != ticket or self.free < enough:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise DeadlineExceededError(
-                            'the request waited past its deadline for room to decode its images'
-                        )
-                    self._changed.wait(left)
-                heapq.heappop(self._waiting)
-                self.free -= rows
-            except BaseException:
-                self._waiting.remove(ticket)
-                heapq.heapify(self._waiting)
-                raise
-            finally:
-                self._changed.notify_all()  # the next in line may be another waiter now
+        with self._lock:
+            ticket = self.line.join((rows, enough), key=(had, need))
+            self._grant()
+        if Line.wait(ticket, deadline):
+            return
+        with self._lock:
+            if ticket.granted:  # granted as its deadline passed: the room is its
+                return
+            self.line.leave(ticket)
+            self._grant()  # those behind it may go now
+        raise DeadlineExceededError('the request waited past its deadline for room to decode its images')
 
     def give(self, rows: int) -> None:
         if rows:
-            with self._changed:
+            with self._lock:
                 self.free += rows
-                self._changed.notify_all()
+                self._grant()
+
+    def _grant(self) -> None:
+        """Room to the waiters in order, while the first of them fits (lock held)."""
+        for ticket in self.line:
+            rows, enough = ticket.want
+            if self.free < enough:
+                return
+            self.free -= rows
+            self.line.grant(ticket)
