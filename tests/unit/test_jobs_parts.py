@@ -116,3 +116,46 @@ def test_a_parquet_part_reads_its_own_rows_across_row_groups(tmp_path):
     rows = [row for part in plan.parts for row in read_part(plan.kind, part)]
     assert [r.caption for r in rows] == [f'c{i}' for i in range(25)]
     assert [r.position for r in rows] == list(range(25))
+
+
+class _Stream:
+    def __init__(self, tty):
+        self.text, self._tty = '', tty
+
+    def isatty(self):
+        return self._tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_one_progress_line_for_embed_and_index_redrawn_on_a_terminal_and_plain_in_a_log():
+    from clipserve.jobs.progress import Progress, ProgressLine
+
+    log = _Stream(tty=False)
+    shards = ProgressLine(3, 'shards', stream=log)
+    shards.advance(1)  # a log gets a line at once, then one every 30 s, and one at the end
+    shards.advance(1)
+    assert log.text.startswith('[########................] 1/3 shards (33.3%)') and log.text.count('\n') == 1
+    shards.advance(1)
+    shards.close()
+    assert log.text.splitlines()[1].startswith('[########################] 3/3 shards (100.0%)')
+    assert '\r' not in log.text and log.text.count('\n') == 2
+
+    terminal = _Stream(tty=True)
+    rows = Progress(10, skipped_rows=4, shards=2, stream=terminal)
+    rows.update(10, errors=1, images=10, texts=0, shards=2)
+    rows.close()
+    assert terminal.text.startswith('\r[') and '10/10 rows' in terminal.text and 'shards 2/2 errors 1' in terminal.text
+    assert terminal.text.endswith('\n')
+    summary = rows.summary()
+    assert (summary['rows'], summary['embedded'], summary['errors'], summary['skipped_rows']) == (10, 9, 1, 4)
+
+    quiet = _Stream(tty=True)
+    silent = ProgressLine(1, 'shards', quiet=True, stream=quiet)
+    silent.advance(1)
+    silent.close()
+    assert quiet.text == ''

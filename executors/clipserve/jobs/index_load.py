@@ -25,6 +25,7 @@ import numpy as np
 from clipserve.errors import ClipServeError
 from clipserve.index.points import Point
 from clipserve.index.store import CollectionSettings, VectorStore
+from clipserve.jobs.progress import ProgressLine
 from clipserve.jobs.writers import MANIFEST
 
 VECTOR_FOLDERS = {'image': 'img_emb', 'text': 'text_emb'}
@@ -123,7 +124,7 @@ def load(folder: Path, store: VectorStore, target: str, vectors: str, quiet: boo
     done = set(json.loads(progress_file.read_text())['shards']) if progress_file.exists() else set()
     todo = [s for s in shards(folder, vectors) if s[0] not in done]
     started, rows = time.perf_counter(), 0
-    bar = _bar(len(todo), quiet)
+    bar = ProgressLine(len(todo), 'shards', quiet)
     for number, emb, meta in todo:
         embeddings = np.load(emb)
         metadata = pq.read_table(meta).to_pylist()
@@ -134,7 +135,7 @@ def load(folder: Path, store: VectorStore, target: str, vectors: str, quiet: boo
         rows += len(embeddings)
         done.add(number)
         progress_file.write_text(json.dumps({'target': target, 'vectors': vectors, 'shards': sorted(done)}))
-        bar.update(1)
+        bar.advance(1)
     bar.close()
     return {
         'loaded_rows': rows,
@@ -142,24 +143,6 @@ def load(folder: Path, store: VectorStore, target: str, vectors: str, quiet: boo
         'skipped_shards': len(done) - len(todo),
         'seconds': time.perf_counter() - started,
     }
-
-
-def _bar(total: int, quiet: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # no bar without tqdm: the summary still comes
-        quiet = True
-    if quiet:
-
-        class Silent:
-            def update(self, n):
-                pass
-
-            def close(self):
-                pass
-
-        return Silent()
-    return tqdm(total=total, unit='shard', desc='clipserve index', file=sys.stderr)
 
 
 def run(args) -> dict:
