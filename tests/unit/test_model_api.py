@@ -103,6 +103,8 @@ def test_urls_are_fetched_only_when_allowed_and_never_from_private_addresses(mod
     with pytest.raises(ImagesFailedError, match='fetching remote URIs is disabled'):
         model.embed_images(['http://127.0.0.1:9/x.png'])
     with Model(TINY, allow_remote=True) as remote:
+        # no batch_size given: torch on a CPU takes its larger text passes
+        assert remote.pipeline.minibatch_size == remote.backend.cpu_text_batch == 128
         for url in (
             'http://127.0.0.1:9/x.png',
             'http://[::1]:9/x.png',
@@ -156,5 +158,6 @@ def test_unknown_models_and_bad_settings_fail_before_anything_loads():
 def test_onnx_backend_gives_the_torch_vectors(tiny_onnx_export, model):
     texts, images = ['a dog on a beach', 'a red car'], [png(20), png(21)]
     with Model(TINY, backend='onnx', model_path=str(tiny_onnx_export), dtype='fp32') as onnx:
+        assert onnx.pipeline.minibatch_size == 32  # onnxruntime runs batches of 32 texts best
         assert_cosine(onnx.embed_texts(texts), model.embed_texts(texts), 0.99999)
         assert_cosine(onnx.embed_images(images), model.embed_images(images), 0.99999)

@@ -62,6 +62,9 @@ class Backend(ABC):
     #: On a CPU, image batches of 8 run as many images per second as batches of 32 (benchmarks/
     #: backends.py) with a quarter of the activation memory, so bigger ones run 8 at a time.
     cpu_image_chunk: int = 8
+    #: In process (engine/model.py), the rows a text pass takes on a CPU when the caller does not say:
+    #: PyTorch runs larger text batches faster there, onnxruntime does not (benchmarks/in_process.py).
+    cpu_text_batch: int = 32
     #: Late interaction (ColPali, ColQwen2): one vector per token, scored by MaxSim; `image_tokens` is
     #: then the rows of an image's output (the most tokens an image has), texts have `context_length`
     multi_vector: bool = False

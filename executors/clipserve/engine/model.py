@@ -23,6 +23,8 @@ from clipserve.engine.pipeline import EncodePipeline
 from clipserve.errors import InvalidDocumentError, InvalidParameterError, UnknownModelError
 from clipserve.inputs.uris import UriPolicy
 
+DEFAULT_BATCH = 32  # rows per forward pass on a GPU, where the caller does not say
+
 
 class ImagesFailedError(InvalidDocumentError):
     """Some images could not be embedded: the message names each (by its position) and why. Nothing is
@@ -62,13 +64,13 @@ class Model:
         dtype: str = 'auto',
         device: str | None = None,
         model_path: str | None = None,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         threads: int | None = None,
         decode_workers: int | None = None,
         allow_remote: bool = False,
         max_image_bytes: int = 20 * 1024 * 1024,
     ):
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise InvalidParameterError(f'batch_size must be at least 1, got {batch_size}')
         options = BackendOptions(
             device=device, dtype=None if dtype in (None, '', 'auto') else dtype, num_threads=threads
@@ -80,6 +82,8 @@ class Model:
                 f'{name} is a late-interaction model (a [tokens, dim] matrix per input): Model embeds one vector per '
                 'input; serve it for /v1/embeddings and /rank with MaxSim (docs/late-interaction.md)'
             )
+        if batch_size is None:  # the backend's best on a CPU (texts; images run in chunks of their own there)
+            batch_size = self.backend.cpu_text_batch if self.backend.device == 'cpu' else DEFAULT_BATCH
         workers = decode_workers or min(4, os.cpu_count() or 1)
         self.pipeline = EncodePipeline(self.backend, minibatch_size=batch_size, num_workers=workers)
         self.policy = UriPolicy(allow_local_files=True, allow_remote=allow_remote, max_bytes=max_image_bytes)
