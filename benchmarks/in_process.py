@@ -7,7 +7,7 @@ Texts: FastEmbed's TextEmbedding (fastembed_text.py in a process of its own, `em
 caption a call, pooling and normalisation off since the graph pools) is the baseline; each clipserve
 configuration is measured between two FastEmbed windows (common.bracketed), so its ratio holds on a busy
 machine. In process: Model(backend='onnx') on the very export FastEmbed runs, and Model(backend='torch') at
-its default precision, 256 captions a call (the model's best batch here). Served (served_rates.py, unless
+its default precision, 256 captions a call, each with its default forward pass (Model's batch_size). Served (served_rates.py, unless
 --no-served): `clipserve serve` on the same export (onnx), clients of 8 short captions a request, 1 and 4 of
 them, over gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of the onnx
 model's in-process rate. Images (generated 320x240 JPEG files, read and decoded by each tool): FastEmbed's
@@ -128,8 +128,9 @@ def main() -> None:
 
             export = f'{scratch}/export'
             export_onnx(args.model, export)
-        onnx = Model(args.model, backend='onnx', model_path=str(export), batch_size=FASTEMBED_BATCH)
-        torch = Model(args.model, backend='torch', batch_size=FASTEMBED_BATCH)
+        # each at its defaults, as a user gets it (the forward pass's rows: Model's batch_size)
+        onnx = Model(args.model, backend='onnx', model_path=str(export))
+        torch = Model(args.model, backend='torch')
         models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
         if args.no_served:
             texts = measure_texts(args, export, models, None)

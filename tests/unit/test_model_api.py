@@ -104,7 +104,7 @@ def test_urls_are_fetched_only_when_allowed_and_never_from_private_addresses(mod
         model.embed_images(['http://127.0.0.1:9/x.png'])
     with Model(TINY, allow_remote=True) as remote:
         # no batch_size given: torch on a CPU takes its larger text passes
-        assert remote.pipeline.minibatch_size == remote.backend.cpu_text_batch == 128
+        assert remote.pipeline.minibatch_size == remote.backend.cpu_text_batch == 256
         for url in (
             'http://127.0.0.1:9/x.png',
             'http://[::1]:9/x.png',

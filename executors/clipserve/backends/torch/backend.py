@@ -42,7 +42,7 @@ LATE_INTERACTION_CPU_CHUNK = 2
 
 class TorchBackend(Backend):
     name = 'torch'
-    cpu_text_batch = 128  # in process: larger text batches run faster in PyTorch on a CPU (benchmarks/in_process.py)
+    cpu_text_batch = 256  # in process: larger text batches run faster in PyTorch on a CPU (benchmarks/in_process.py)
 
     def __init__(self, model: str | None, options: BackendOptions = BackendOptions(), trim_padding: bool = True):
         super().__init__()
