@@ -195,7 +195,16 @@ def test_a_corrupt_image_is_a_400_naming_its_index_and_the_gateway_keeps_serving
     err = error_of(lambda: c.embeddings.create(model=TINY, input=inputs), openai.BadRequestError)
     assert err.status_code == 400 and err.body['param'] == 'input[2]'
     assert 'input[2]' in err.body['message'] and 'not an image Pillow can decode' in err.body['message']
-    assert err.body['type'] == 'invalid_request_error' and set(err.body) == {'message', 'type', 'param', 'code'}
+    # OpenAI's four fields, and `items` (the SDK keeps it in the body): each failed item by its position
+    assert err.body['type'] == 'invalid_request_error' and set(err.body) == {
+        'message',
+        'type',
+        'param',
+        'code',
+        'items',
+    }
+    [item] = err.body['items']
+    assert (item['index'], item['param']) == (2, 'input[2]') and 'not an image Pillow can decode' in item['message']
     assert len(c.embeddings.create(model=TINY, input=inputs[:2]).data) == 2
 
 
