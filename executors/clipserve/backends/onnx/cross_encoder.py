@@ -4,7 +4,7 @@ tokenizer files beside it, so an export folder serves without torch or transform
     python -m clipserve export reranker CHECKPOINT OUT_DIR       (needs the torch extra, once)
 
 Without an export folder (`model_path`) the checkpoint is exported on first use into the cache (needs torch
-then), under a file lock so replicas starting together export once. `dtype: int8` quantizes every linear layer
+then), under a file lock so replicas starting together export once. `dtype: int8` quantizes the linear layers
 as the encoders' int8 copies are (backends/onnx/int8.py), once, into the cache.
 """
 
@@ -30,7 +30,7 @@ from clipserve.models.cross_encoder import CONFIG_FILE, TOKENIZER_CONFIG, TOKENI
 GRAPH_FILE = 'reranker.onnx'
 COPIED = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG, 'special_tokens_map.json')
 TOLERANCE = 1e-4
-INT8_FORMAT = 1
+INT8_FORMAT = 2
 
 logger = logging.getLogger(__name__)
 

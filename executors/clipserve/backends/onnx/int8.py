@@ -1,7 +1,8 @@
 """int8 copies of ONNX graphs for CPUs (`dtype: int8` on the onnx backend), quantized once and cached
 (backends/onnx/copies.py), checked on the running CPU before serving (backends/int8_check.py).
 
-Every linear layer (a MatMul or Gemm with a constant 2-d weight) becomes an integer matrix product:
+Every linear layer (a MatMul or Gemm with a constant 2-d weight) becomes an integer matrix product, except
+the first transformer block's and the last layer, which stay float (backends/int8_layers.py says why):
 
 - weights int8 per output channel, symmetric, each channel's scale chosen to minimise its rounding error
   (clipping the rare extreme weights when that pays). On CPUs with int8 dot products (VNNI, AMX) the
@@ -24,9 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from clipserve.backends.cpu_features import cpu_features
+from clipserve.backends.int8_layers import float_layers
 from clipserve.backends.onnx.copies import DATA_FILE, converted_copy
 
-FORMAT = 3  # bump when the quantization changes, so cached copies are redone
+FORMAT = 4  # bump when the quantization changes, so cached copies are redone
 ACTIVATION_ZERO_POINT = 128
 TOWERS = ('visual.onnx', 'textual.onnx')
 
@@ -65,9 +67,12 @@ def quantize_linear_layers(model, bits: int = 7) -> int:
     graph = model.graph
     weights = {w.name: w for w in graph.initializer}
     _add_shared_constants(graph)
+    linear = [i for i, node in enumerate(graph.node) if _linear_weight(node, weights) is not None]
+    shapes = [_weight_shape(graph.node[i], weights) for i in linear]
+    kept = {linear[i] for i in float_layers(shapes)}
     nodes, count = [], 0
-    for node in graph.node:
-        weight = _linear_weight(node, weights)
+    for index, node in enumerate(graph.node):
+        weight = None if index in kept else _linear_weight(node, weights)
         if weight is None:
             nodes.append(node)
             continue
@@ -97,6 +102,12 @@ def _linear_weight(node, weights) -> tuple[tuple[str, bool], str | None] | None:
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         return (node.input[1], bool(attributes.get('transB', 0))), bias
     return None
+
+
+def _weight_shape(node, weights) -> tuple[int, ...]:
+    (name, transposed), _ = _linear_weight(node, weights)
+    dims = tuple(weights[name].dims)
+    return dims[::-1] if transposed else dims
 
 
 def _add_shared_constants(graph) -> None:

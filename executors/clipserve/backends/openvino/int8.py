@@ -6,8 +6,8 @@ operations, slower than fp32 (measured), and making the copy needs onnxruntime. 
 of an int8 matmul is an int8 weight that its kernels dequantize themselves (Constant i8 -> Convert ->
 Multiply by a scale), with the activations quantized at run time in small groups
 (openvino_compile.DYNAMIC_QUANTIZATION_GROUP) on CPUs with int8 dot-product instructions. So the
-weights are quantized as the onnx copy quantizes them (the MatMul weights only, symmetric, one scale
-per output channel) and handed to OpenVINO in that form, in memory while the model loads: there is
+weights are quantized as the onnx copy quantizes them (the MatMul weights only, but the first block's
+and the last, backends/int8_layers.py; symmetric, one scale per output channel) and handed to OpenVINO in that form, in memory while the model loads: there is
 no file to cache.
 """
 
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from clipserve.backends.int8_layers import float_layers
 from clipserve.backends.openvino.runtime import opset, ov
 
 
 def quantize_matmul_weights(model: ov.Model) -> int:
-    """Replace every MatMul's constant 2-D float32 weight in `model` by int8 values times one float32
-    scale per output channel; returns how many were replaced."""
-    replaced = 0
+    """Replace the constant 2-D float32 weight of every MatMul in `model` but those `float_layers` keeps by
+    int8 values times one float32 scale per output channel; returns how many were replaced."""
+    linear = []
     for node in model.get_ordered_ops():
         if node.get_type_name() != 'MatMul':
             continue
@@ -29,11 +30,15 @@ def quantize_matmul_weights(model: ov.Model) -> int:
         if weight.get_type_name() != 'Constant' or weight.get_element_type() != ov.Type.f32:
             continue
         values = weight.get_data()
-        if values.ndim != 2:
+        if values.ndim == 2:
+            linear.append((node, values, bool(node.get_attributes().get('transpose_b'))))
+    kept = float_layers([values.shape[::-1] if transposed else values.shape for _, values, transposed in linear])
+    replaced = 0
+    for index, (node, values, transposed) in enumerate(linear):
+        if index in kept:
             continue
         # the reduced axis K: rows of a [K, N] weight, columns of an [N, K] one (transpose_b)
-        axis = 1 if node.get_attributes().get('transpose_b') else 0
-        quantized, scale = quantize(values, axis)
+        quantized, scale = quantize(values, 1 if transposed else 0)
         dequantized = opset.multiply(opset.convert(opset.constant(quantized), ov.Type.f32), opset.constant(scale))
         node.input(1).replace_source_output(dequantized.output(0))
         replaced += 1
