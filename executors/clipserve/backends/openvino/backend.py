@@ -77,7 +77,10 @@ class OpenVINOBackend(Backend):
 
     def _compile(self, core: ov.Core, graph: ov.Model, tower: str, dtype: str, options: BackendOptions):
         if dtype == 'int8':
-            logger.info('%s: %d MatMul weights quantized to int8 (the first block and the last stay float)', tower, quantize_matmul_weights(graph))
+            count = quantize_matmul_weights(graph)
+            logger.info(
+                '%s: %d MatMul weights quantized to int8 (the first block and the last stay float)', tower, count
+            )
         cache = str(cache_dir() / 'openvino') if self.device != 'cpu' else None
         config = properties(self.device, dtype, options.num_threads, cache)
         return compile_tower(core, graph, tower, self.device, dtype, config)

@@ -7,8 +7,8 @@ of an int8 matmul is an int8 weight that its kernels dequantize themselves (Cons
 Multiply by a scale), with the activations quantized at run time in small groups
 (openvino_compile.DYNAMIC_QUANTIZATION_GROUP) on CPUs with int8 dot-product instructions. So the
 weights are quantized as the onnx copy quantizes them (the MatMul weights only, but the first block's
-and the last, backends/int8_layers.py; symmetric, one scale per output channel) and handed to OpenVINO in that form, in memory while the model loads: there is
-no file to cache.
+and the last, backends/int8_layers.py; symmetric, one scale per output channel) and handed to
+OpenVINO in that form, in memory while the model loads: there is no file to cache.
 """
 
 from __future__ import annotations
