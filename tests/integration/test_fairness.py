@@ -80,6 +80,17 @@ def post(flow, docs, parameters=None):
     return out, time.monotonic() - started
 
 
+def replica_info(flow) -> dict:
+    """The replica's /clipserve/info: its admission neither counts nor refuses it, so it answers under load."""
+    client = Client(host='127.0.0.1', port=flow.port)
+    [info] = (
+        client.post('/clipserve/info', DocumentArray([Document()]), return_responses=True)[0]
+        .parameters['__results__']
+        .values()
+    )
+    return info
+
+
 # The other clients run in processes of their own, as real clients do: Jina's client serialises the calls of
 # one process's threads, which would measure the client instead of the server.
 OTHER_CLIENT = """
@@ -134,8 +145,14 @@ def test_a_blob_is_not_held_up_by_another_requests_slow_host(flow, slow_host, on
 
 def test_a_text_is_not_held_up_behind_large_requests(flow, one_batch):
     # a deadline, so that the large ones end soon after: dropped, not computed
-    large = [other_client(flow, images=1500, seed=1000 * k, parameters={'timeout_seconds': 20}) for k in range(3)]
-    time.sleep(12)  # all three are sent, decoding and running
+    encoded = replica_info(flow)['images_encoded']
+    large = [other_client(flow, images=1500, seed=1000 * k, parameters={'timeout_seconds': 30}) for k in range(3)]
+
+    def all_three_running():
+        info = replica_info(flow)
+        return info['documents_in_flight'] == 3 * 1500 and info['images_encoded'] > encoded
+
+    wait_until(all_three_running, 'all three are admitted and the model runs their images', seconds=25, every=0.25)
     out, seconds = post(flow, DocumentArray([Document(text='a photo of a dog')]))
     print(f'\none batch {one_batch:.2f}s; a text behind 3 x 1,500 images answered in {seconds:.2f}s')
     assert out[0].embedding is not None and seconds < 3 * one_batch
@@ -158,8 +175,14 @@ def test_past_its_document_bound_a_request_waits_for_room_and_small_ones_do_not(
     (not refused: one client's batches may be that large), failing clearly if its deadline passes first, while a
     small request runs at once; the Flow keeps serving."""
     jina_gateway_only(flow)
+    encoded = replica_info(flow)['images_encoded']
     first = other_client(flow, images=5000, seed=7, parameters={'timeout_seconds': 30})
-    time.sleep(8)  # admitted and running
+
+    def admitted_and_running():
+        info = replica_info(flow)
+        return info['documents_in_flight'] == 5000 and info['images_encoded'] > encoded
+
+    wait_until(admitted_and_running, 'the first is admitted and the model runs its images', seconds=25, every=0.25)
     with pytest.raises(Exception, match='max_documents') as late:
         post(flow, images(5000, seed=9), {'timeout_seconds': 2})
     # refused by its own deadline while it waited, not after the first left: the first still runs (below)

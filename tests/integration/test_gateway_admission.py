@@ -217,7 +217,7 @@ def slow_body(port: int) -> socket.socket:
 def test_the_gateways_bound_on_requests_in_flight_answers_429_and_resource_exhausted(flow):
     sockets = [slow_body(flow['http']) for _ in range(MAX_IN_FLIGHT)]
     try:
-        time.sleep(0.5)
+        wait_for(lambda: gateway_in_flight(flow) == MAX_IN_FLIGHT, 30, 'the slow bodies to hold every place')
         post = requests.post(f'http://127.0.0.1:{flow["http"]}/post', json={'data': [{'text': 'x'}]}, timeout=30)
         assert post.status_code == 429 and post.headers['retry-after'] == '1'
         assert f'max_in_flight={MAX_IN_FLIGHT}' in post.json()['detail']

@@ -11,6 +11,7 @@ from jina import Client, Flow
 from clipserve import CLIPEncoder
 from devkit.load import replica_pids, rss_mb, soak
 
+from ..waiting import wait_until
 from .conftest import TINY, make_image
 
 
@@ -82,9 +83,8 @@ def test_killing_a_replica_mid_load_loses_nothing_silently():
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
         [t.start() for t in threads]
+        wait_until(lambda: outcomes, 'load is flowing through both replicas', every=0.05)
         deadline = time.monotonic() + 60
-        while not outcomes and time.monotonic() < deadline:  # load is flowing through both replicas
-            time.sleep(0.05)
         os.kill(victim, signal.SIGSTOP)
         stuck = 0.0
         while stuck < 3.0 and time.monotonic() < deadline:  # the live replica answers in well under 1 s
@@ -136,13 +136,11 @@ def test_clients_disconnecting_mid_request_leak_no_work(tmp_path):
                 client = subprocess.Popen(
                     [sys.executable, '-c', script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
-                time.sleep(2.5)  # mid-stream
+                # mid-stream (1 = this info request itself)
+                wait_until(lambda: _in_flight(flow.port) > 1, 'the stream is in the replica', 120, every=0.1)
                 client.kill()
                 client.wait()
-            deadline = time.time() + 60
-            while _in_flight(flow.port) > 1 and time.time() < deadline:  # 1 = this info request itself
-                time.sleep(0.5)
-            assert _in_flight(flow.port) <= 1, 'work of disconnected clients is still running after 60 s'
+            wait_until(lambda: _in_flight(flow.port) <= 1, 'the work of disconnected clients is gone', every=0.25)
 
         disconnect_rounds(1)  # fills the bounded thread pools once
         baseline = _threads(pid)
