@@ -317,3 +317,30 @@ def test_the_image_tower_is_found_by_running_both_towers(tiny_backend):
     text = (torch.from_numpy(tokens.input_ids), torch.from_numpy(tokens.attention_mask))
     found = image_only_modules(tiny_backend.model, torch.zeros(1, 3, size, size), text)
     assert found == [tiny_backend.model.visual]
+
+
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_the_text_blocks_attention_on_the_batch_first_layout_is_multihead_attentions_arithmetic(dtype):
+    from clipserve.models.towers import TextTower
+
+    backend = create_backend('torch', TINY, BackendOptions(device='cpu', dtype=dtype))
+    assert backend.text_tower.blocks is not None  # open_clip's plain blocks: the packed path runs
+    tokens = Tokenizer(backend.context_length)(TEXTS[:4])
+    packed = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
+    backend.text_tower = TextTower(backend.model)  # nn.MultiheadAttention's own path
+    assert backend.text_tower.blocks is None
+    np.testing.assert_array_equal(packed, backend.encode_texts(tokens.input_ids, tokens.attention_mask))
+
+
+def test_blocks_that_are_not_open_clips_plain_self_attention_keep_their_own_forward(tiny_backend):
+    from clipserve.models.towers import packed_blocks
+
+    model = tiny_backend.model
+    assert packed_blocks(model) is not None
+    block = model.transformer.resblocks[0]
+    block.ln_1_kv = torch.nn.Identity()  # a cross-attention block (open_clip adds ln_1_kv for those)
+    try:
+        assert packed_blocks(model) is None
+    finally:
+        del block.ln_1_kv
+    assert packed_blocks(torch.nn.Linear(2, 2)) is None  # no text transformer at all

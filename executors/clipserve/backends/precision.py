@@ -5,9 +5,9 @@ for them is a clear error at start (never a silent change of precision).
 
 On a CPU, `auto` follows the rule the GPUs follow (the fastest precision the hardware computes
 natively): bf16 where the CPU has bf16 instructions (AVX512-BF16 or AMX, read from the CPU's flags at
-start), fp32 elsewhere. Only the image tower takes it on the torch backend: its convolutions and wide
-matmuls gain, while the text tower's short sequences measured slower in bf16 (docs/concepts/precision.md).
-`fp32` stays available for bit-exact parity with open_clip.
+start), fp32 elsewhere. Only the image tower takes it on the torch backend: its texts stay exactly as
+open_clip computes them in fp32 (served scores and in-process embeddings keep their numbers); `dtype: bf16`
+runs texts in bf16 too, faster (docs/concepts/precision.md). `fp32` stays available for bit-exact parity.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def resolve_precision(
     images, texts = CPU_BF16_AUTO[backend]
     if images == texts:
         return Precision(images, texts, f'auto: {why}')
-    return Precision(images, texts, f'auto: {why}; {texts} texts (faster there on this backend)')
+    return Precision(images, texts, f'auto: {why}; {texts} texts (exactly as open_clip; dtype bf16 for bf16 texts)')
 
 
 @lru_cache(maxsize=1)

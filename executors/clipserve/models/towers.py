@@ -46,10 +46,12 @@ class TextTower(torch.nn.Module):
     (clip-as-service's ONNX layout has it).
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, packed_attention: bool = False):
         super().__init__()
         self.model = model
         self.trimmed = supports_trimming(model)
+        # the PyTorch backend's forward: attention computed on the batch-first layout (packed_blocks)
+        self.blocks = packed_blocks(model) if packed_attention and self.trimmed else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         m = self.model
@@ -61,13 +63,57 @@ class TextTower(torch.nn.Module):
         cast_dtype = m.transformer.get_cast_dtype()
         x = m.token_embedding(input_ids).to(cast_dtype)
         x = x + m.positional_embedding[:length].to(cast_dtype)
-        x = m.transformer(x, attn_mask=m.attn_mask[:length, :length])
+        mask = m.attn_mask[:length, :length]
+        if self.blocks is None:
+            x = m.transformer(x, attn_mask=mask)
+        else:
+            mask = mask.to(x.dtype)
+            for block in self.blocks:
+                x = packed_block(block, x, mask)
         x = m.ln_final(x)
         x = x * attention_mask.unsqueeze(-1).to(x.dtype)
         x = text_global_pool(x, input_ids, m.text_pool_type, eos_token_id=getattr(m, 'text_eos_id', None))
         if m.text_projection is not None:
             x = m.text_projection(x) if isinstance(m.text_projection, torch.nn.Linear) else x @ m.text_projection
         return x
+
+
+def packed_blocks(model: torch.nn.Module) -> list | None:
+    """The text transformer's blocks when each is open_clip's plain self-attention block, else None.
+
+    nn.MultiheadAttention transposes a batch-first input to sequence-first before its input projection, so
+    that projection multiplies a strided tensor: PyTorch runs it as a batched product over a copied weight,
+    which in bf16 costs more than the whole rest of the block. `packed_block` computes the same attention on
+    the batch-first layout (benchmarks/in_process.py measures the text rates).
+    """
+    transformer = getattr(model, 'transformer', None)
+    blocks = list(getattr(transformer, 'resblocks', []))
+    if not blocks or not getattr(transformer, 'batch_first', False):
+        return None
+    for block in blocks:
+        attn = getattr(block, 'attn', None)
+        if (
+            type(block).__name__ != 'ResidualAttentionBlock'
+            or hasattr(block, 'ln_1_kv')
+            or not isinstance(attn, torch.nn.MultiheadAttention)
+            or not (attn.batch_first and attn._qkv_same_embed_dim and attn.in_proj_bias is not None)
+        ):
+            return None
+    return blocks
+
+
+def packed_block(block: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """open_clip's ResidualAttentionBlock.forward on `x` [B, L, D], the attention's products on contiguous
+    batch-first tensors: the same arithmetic as nn.MultiheadAttention at inference."""
+    attn = block.attn
+    batch, length, width = x.shape
+    y = block.ln_1(x)
+    qkv = torch.nn.functional.linear(y, attn.in_proj_weight, attn.in_proj_bias)
+    q, k, v = qkv.view(batch, length, 3, attn.num_heads, width // attn.num_heads).permute(2, 0, 3, 1, 4)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    y = attn.out_proj(y.transpose(1, 2).reshape(batch, length, width))
+    x = x + block.ls_1(y)
+    return x + block.ls_2(block.mlp(block.ln_2(x)))
 
 
 def sigmoid_logits(model: torch.nn.Module) -> tuple[float, float] | None:

@@ -69,7 +69,7 @@ class TorchBackend(Backend):
         self.tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
         self.pad_id = int(getattr(self.tokenizer, 'pad_id', 0))
         self.model = build_model(resolved, device=self.device, precision=self.precision.texts)
-        self.text_tower = TextTower(self.model)
+        self.text_tower = TextTower(self.model, packed_attention=True)
         self._image_dtype = TORCH_DTYPES[self.precision.texts]
         if self.precision.images != self.precision.texts:
             self._cast_image_tower(TORCH_DTYPES[self.precision.images])
