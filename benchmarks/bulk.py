@@ -8,7 +8,7 @@ local checkpoint file, which clipserve loads as `ViT-B-32::/path/ckpt.pt` and cl
 `open_clip:ViT-B-32//path/ckpt.pt` (open_clip takes a path as `pretrained`); the cosines between the tools'
 vectors are printed to show it. End to end is the wall-clock time of the whole command, start-up, model
 load and warm-up included, until every row is written. clipserve runs at its default precision (dtype auto:
-on a CPU with native bf16 the image tower in bf16) and at fp32, clip_inference's precision on a CPU.
+bf16 on a CPU with native bf16) and at fp32, clip_inference's precision on a CPU.
 clip_inference runs from its own venv (`python3 -m venv .venv-clip-retrieval && .venv-clip-retrieval/bin/pip
 install clip-retrieval==2.45.0 'setuptools<81'`: its `clip` package still imports pkg_resources), with
 `--clip-inference-args` (default: batch 32 and 2 preprocessing workers, its defaults being 256 and 4, whose

@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.precision --ckpt ViT-B-32::/path/weights.safetensors --image-dir ./photos
 
 For every configuration (torch fp32 / auto / bf16, onnx fp32 / int8, openvino fp32 / bf16 / int8 where
-installed; torch auto is bf16 images where the CPU computes bf16 natively, what a Flow serves by default):
+installed; torch auto is bf16 where the CPU computes bf16 natively, what a Flow serves by default):
 the cosine of each text and image embedding to torch fp32's (min and mean), the top-10 agreement of a
 text-to-image retrieval (for each caption, the share of fp32's ten best images that the configuration also
 ranks in its ten best), how much an embedding depends on what shares its batch (16 texts and images
@@ -96,7 +96,7 @@ def main() -> None:
     workdir = tempfile.TemporaryDirectory(prefix='clipserve-precision-')
     exported = Path(workdir.name) / 'onnx'
     export_onnx(name, exported)
-    # torch auto: what a Flow serves by default (bf16 images where the CPU computes bf16 natively)
+    # torch auto: what a Flow serves by default (bf16 where the CPU computes bf16 natively)
     configs = {'torch fp32': ('torch', 'fp32'), 'torch auto': ('torch', 'auto'), 'torch bf16': ('torch', 'bf16')}
     configs.update({'onnx fp32': ('onnx', 'fp32'), 'onnx int8': ('onnx', 'int8')})
     try:

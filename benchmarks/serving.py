@@ -13,7 +13,7 @@ served throughput are both sustained rates (items over elapsed time). The torch 
 weights from a safetensors checkpoint of the in-process model, the onnx replica from an export of
 it, as in production; peak memory is the replica's VmHWM after all workloads.
 The main table is fp32 on every backend. The precision table then compares, per backend, each
-other precision (`--precisions`: torch auto = what a Flow serves by default, bf16 images where the
+other precision (`--precisions`: torch auto = what a Flow serves by default, bf16 where the
 CPU computes bf16 natively; onnx int8) with fp32 of the same backend: both replicas up at once,
 model-only and served (1 and 4 clients) for short texts and images, every ratio bracketed by fp32
 windows, with the cosine of its embeddings to fp32's; the CPU's bf16 / int8 instructions are printed.

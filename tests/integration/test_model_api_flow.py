@@ -29,7 +29,7 @@ def test_model_gives_the_served_embeddings_and_rank(tiny_flow):
         local_images = model.embed_images(pngs, normalize=False)
         ranked = model.rank(text=texts[0], images=pngs)
 
-    assert_close(local_texts, served_texts)  # texts run in fp32 on every CPU: the same numbers
+    assert_close(local_texts, served_texts)  # fp32 here (the tests set CLIPSERVE_CPU_BF16=0): the same numbers
     # images: bf16 where the CPU has it (both sides), whose rows may depend on their batch mates in the last bits
     assert_cosine(local_images, np.asarray(served_images), 0.9999)
     served = {int(m.id[1:]): (m.scores['clip_score'].value, m.scores['clip_score_cosine'].value) for m in served_rank}

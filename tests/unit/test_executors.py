@@ -126,10 +126,10 @@ def test_the_default_precision_and_its_reason_are_in_the_ready_line_and_info(nat
         precision.cpu_bf16.cache_clear()
     try:
         info = executor.info()
-        want = ('bf16', 'fp32') if native else ('fp32', 'fp32')
+        want = ('bf16', 'bf16') if native else ('fp32', 'fp32')
         assert (info['precision']['images'], info['precision']['texts']) == want
         assert ('forced on' if native else 'forced off') in info['precision']['reason']
-        assert info['dtype'] == ('bf16 images, fp32 texts' if native else 'fp32')
+        assert info['dtype'] == ('bf16' if native else 'fp32')
     finally:
         executor.close()
     ready = [line for line in seen if line.startswith('ready in')]

@@ -195,10 +195,12 @@ def test_refusals_name_the_problem(folders, tmp_path):
 
 
 def test_auto_on_a_bf16_cpu_runs_pages_and_queries_in_bf16(folders, backends, monkeypatch):
-    """A page runs the language model the queries run: one precision for both (not bf16 images, fp32 texts)."""
+    """A page runs the language model the queries run: one precision for both, even where the precision table
+    gives the towers different ones (bf16 images, fp32 texts)."""
     from clipserve.backends import precision
 
     monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
+    monkeypatch.setitem(precision.CPU_BF16_AUTO, 'torch', ('bf16', 'fp32'))
     precision.cpu_bf16.cache_clear()
     try:
         auto = create_backend('torch', f'transformers:{folders["colqwen2"]}', BackendOptions(device='cpu'))

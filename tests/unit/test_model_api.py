@@ -56,7 +56,9 @@ def test_texts_come_back_in_order_unit_length_and_as_the_pipeline_gives_them(mod
     assert unit.shape == (3, model.embed_dim) and unit.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, rtol=1e-6)
     assert_close(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True))
-    assert_close(model.embed_texts(texts[1:2]), unit[1:2])  # alone as in a batch (texts are fp32 here)
+    assert_close(
+        model.embed_texts(texts[1:2]), unit[1:2]
+    )  # alone as in a batch (fp32: the tests set CLIPSERVE_CPU_BF16=0)
     assert model.embed_texts([]).shape == (0, model.embed_dim)
 
 

@@ -58,10 +58,9 @@ NOT_NATIVE = (False, 'this CPU has no native bf16 (amx_bf16 / avx512_bf16 absent
 
 
 @pytest.mark.parametrize('asked', [None, '', 'auto'])
-def test_auto_on_a_cpu_with_native_bf16_runs_torch_images_in_bf16_and_texts_in_fp32(asked):
+def test_auto_on_a_cpu_with_native_bf16_runs_both_torch_towers_in_bf16(asked):
     precision = resolve_precision('torch', 'cpu', asked, native_bf16=NATIVE)
-    assert (precision.images, precision.texts) == ('bf16', 'fp32')
-    assert precision.name == 'bf16 images, fp32 texts'
+    assert (precision.images, precision.texts, precision.name) == ('bf16', 'bf16', 'bf16')
     assert 'avx512_bf16' in precision.reason
 
 

@@ -325,11 +325,14 @@ def test_backends_built_around_one_image_shape_refuse_a_naflex_export(siglip2_ex
 
 
 @pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
-def test_auto_on_a_cpu_with_native_bf16_casts_each_types_image_tower_only(checkpoints, kind, monkeypatch):
+def test_a_bf16_image_tower_beside_an_fp32_text_tower_casts_each_types_image_tower_only(checkpoints, kind, monkeypatch):
+    """The precision table may give the towers different precisions on a CPU with native bf16
+    (CPU_BF16_AUTO): the backend then casts the image tower alone, found by running both towers."""
     from clipserve.backends import precision
     from clipserve.models.towers import image_only_modules  # noqa: F401 - what the backend uses to find the tower
 
     monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
+    monkeypatch.setitem(precision.CPU_BF16_AUTO, 'torch', ('bf16', 'fp32'))
     precision.cpu_bf16.cache_clear()
     try:
         auto = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu'))
@@ -351,6 +354,27 @@ def test_auto_on_a_cpu_with_native_bf16_casts_each_types_image_tower_only(checkp
         auto.encode_texts(tokens.input_ids, tokens.attention_mask),
         fp32.encode_texts(tokens.input_ids, tokens.attention_mask),
     )
+
+
+@pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
+def test_auto_on_a_cpu_with_native_bf16_runs_each_types_text_tower_in_bf16_close_to_fp32(
+    checkpoints, kind, monkeypatch
+):
+    from clipserve.backends import precision
+
+    monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
+    precision.cpu_bf16.cache_clear()
+    try:
+        auto = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu'))
+    finally:
+        precision.cpu_bf16.cache_clear()
+    fp32 = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu', dtype='fp32'))
+    assert auto.dtype == 'bf16', auto.precision.reason
+    tokens = auto.tokenizer(TEXTS)
+    got = auto.encode_texts(tokens.input_ids, tokens.attention_mask)
+    want = fp32.encode_texts(tokens.input_ids, tokens.attention_mask)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.dtype == np.float32 and cosine.min() > 0.99
 
 
 def test_code_from_another_repository_is_fetched_into_the_cache_logged_and_run_only_with_the_opt_in(

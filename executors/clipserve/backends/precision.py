@@ -5,9 +5,9 @@ for them is a clear error at start (never a silent change of precision).
 
 On a CPU, `auto` follows the rule the GPUs follow (the fastest precision the hardware computes
 natively): bf16 where the CPU has bf16 instructions (AVX512-BF16 or AMX, read from the CPU's flags at
-start), fp32 elsewhere. Only the image tower takes it on the torch backend: its texts stay exactly as
-open_clip computes them in fp32 (served scores and in-process embeddings keep their numbers); `dtype: bf16`
-runs texts in bf16 too, faster (docs/concepts/precision.md). `fp32` stays available for bit-exact parity.
+start), fp32 elsewhere, for both towers, as fp16 is on GPUs (docs/concepts/precision.md has what each
+costs). The table can give the towers different precisions (`CPU_BF16_AUTO`); the torch backend then casts the
+image tower alone. `fp32` stays available for bit-exact parity with open_clip.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ PRECISIONS: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 }
 
 #: backend -> (images, texts) that `auto` picks on a CPU with native bf16 (other backends keep fp32 there)
-CPU_BF16_AUTO: dict[str, tuple[str, str]] = {'torch': ('bf16', 'fp32'), 'openvino': ('bf16', 'bf16')}
+CPU_BF16_AUTO: dict[str, tuple[str, str]] = {'torch': ('bf16', 'bf16'), 'openvino': ('bf16', 'bf16')}
 
 _WHY_NOT = {
     ('onnx', 'cpu', 'fp16'): 'fp16 ONNX models run on CUDA only',
@@ -106,7 +106,7 @@ def resolve_precision(
     images, texts = CPU_BF16_AUTO[backend]
     if images == texts:
         return Precision(images, texts, f'auto: {why}')
-    return Precision(images, texts, f'auto: {why}; {texts} texts (exactly as open_clip; dtype bf16 for bf16 texts)')
+    return Precision(images, texts, f'auto: {why}; {texts} texts')
 
 
 @lru_cache(maxsize=1)
