@@ -12,7 +12,8 @@ its default precision, 256 captions a call, each with its default forward pass (
 them, over gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of the onnx
 model's in-process rate. Images (generated 320x240 JPEG files, read and decoded by each tool): FastEmbed's
 ImageEmbedding on the same export's visual graph (fastembed_images.py, its default batch of 16) is the
-baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call. Needs the `bench` extra
+baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call, and for the served Flow: 1 and
+4 gRPC clients sending 8 of those files a request as document blobs (as clip-client sends local files). Needs the `bench` extra
 (fastembed). Prints a table, writes benchmarks/results/in_process.json and in_process.png.
 """
 
@@ -28,12 +29,13 @@ from PIL import Image
 
 from benchmarks import plots
 from benchmarks.common import bracketed, machine, markdown_table, save, sustained_rate
-from benchmarks.served_rates import PROTOCOLS, Served, texts_rate
+from benchmarks.served_rates import PROTOCOLS, Served, images_rate, texts_rate
 from benchmarks.text_rates import FASTEMBED_BATCH, FastEmbedImagesProcess, FastEmbedProcess
 
 CAPTION = 'a photo of a small brown dog running on the beach'
 IMAGES = 64  # per call
 SERVED_TEXTS = 8  # per request
+SERVED_IMAGES = 8  # per request (gRPC)
 CLIENTS = (1, 4)
 
 
@@ -83,22 +85,28 @@ def measure_texts(args, export: str, models: dict, served: Served | None) -> dic
     return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
 
 
-def measure_images(args, export: str, models: dict, image_dir: Path) -> dict:
+def measure_images(args, export: str, models: dict, image_dir: Path, served: Served | None) -> dict:
     paths = write_jpegs(image_dir, IMAGES)
     measures = {
         name: (lambda m=model: sustained_rate(lambda: m.embed_images(paths), len(paths), args.seconds))
         for name, model in models.items()
     }
+    if served is not None:
+        request = [Path(p).read_bytes() for p in paths[:SERVED_IMAGES]]
+        for clients in CLIENTS:
+            measures[served_name('grpc', clients)] = lambda c=clients: images_rate(served, c, request, args.seconds)
     with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    return {'rates': rates, 'vs_fastembed': ratios, 'fastembed_check': check}
+    onnx = ratios['clipserve onnx']
+    of_model = {name: ratio / onnx for name, ratio in ratios.items() if name.startswith('served')}
+    return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
 
 
 def table(results: dict) -> str:
     texts, images = results['texts'], results['images']
     rows = [['FastEmbed (onnx, in process)', f'{texts["rates"]["baseline"]:.1f}', '1.00x', '-']]
-    rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x']
+    rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x', '-']
     for name, ratio in texts['vs_fastembed'].items():
         of_model = texts['vs_onnx_in_process'].get(name)
         rows.append(
@@ -106,7 +114,9 @@ def table(results: dict) -> str:
         )
         image_ratio = images['vs_fastembed'].get(name)
         rows[-1] += ['-', '-'] if image_ratio is None else [f'{images["rates"][name]:.1f}', f'{image_ratio:.2f}x']
-    headers = ['', 'texts/s', 'vs FastEmbed', 'of onnx in process', 'images/s', 'vs FastEmbed']
+        of_model = images.get('vs_onnx_in_process', {}).get(name)
+        rows[-1].append('-' if of_model is None else f'{of_model:.2f}')
+    headers = ['', 'texts/s', 'vs FastEmbed', 'of onnx in process', 'images/s', 'vs FastEmbed', 'of onnx in process']
     return markdown_table(headers, rows)
 
 
@@ -134,10 +144,11 @@ def main() -> None:
         models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
         if args.no_served:
             texts = measure_texts(args, export, models, None)
+            images = measure_images(args, export, models, Path(scratch) / 'jpegs', None)
         else:
             with Served(args.model, 'onnx', str(export)) as served:
                 texts = measure_texts(args, export, models, served)
-        images = measure_images(args, export, models, Path(scratch) / 'jpegs')
+                images = measure_images(args, export, models, Path(scratch) / 'jpegs', served)
         onnx.close()
         torch.close()
 

@@ -82,7 +82,13 @@ def texts_rate(served: Served, protocol: str, clients: int, texts: list[str], se
     return asyncio.run(_rate(served, protocol, clients, texts, seconds))
 
 
-async def _rate(served: Served, protocol: str, clients: int, texts: list[str], seconds: float) -> float:
+def images_rate(served: Served, clients: int, images: list[bytes], seconds: float) -> float:
+    """Images/s answered with `clients` closed-loop gRPC clients sending `images` (encoded files, as document
+    blobs, the way clip-client sends local files) per request to /encode."""
+    return asyncio.run(_rate(served, 'grpc', clients, images, seconds))
+
+
+async def _rate(served: Served, protocol: str, clients: int, texts: list, seconds: float) -> float:
     senders = [await _sender(served, protocol, texts) for _ in range(clients)]
     try:
         await asyncio.gather(*(send() for send, _ in senders))
@@ -101,8 +107,8 @@ async def _rate(served: Served, protocol: str, clients: int, texts: list[str], s
             await close()
 
 
-async def _sender(served: Served, protocol: str, texts: list[str]):
-    """(send one request and check its answer, close) for one client."""
+async def _sender(served: Served, protocol: str, texts: list):
+    """(send one request and check its answer, close) for one client; `texts` may hold encoded images (bytes)."""
     if protocol == 'grpc':
         from docarray import Document, DocumentArray
         from jina import Client
@@ -110,7 +116,7 @@ async def _sender(served: Served, protocol: str, texts: list[str]):
         client = Client(host='127.0.0.1', port=served.grpc_port, asyncio=True)
 
         async def send() -> None:
-            docs = DocumentArray([Document(text=t) for t in texts])
+            docs = DocumentArray([Document(blob=t) if isinstance(t, bytes) else Document(text=t) for t in texts])
             async for answer in client.post('/encode', docs):
                 if answer.embeddings is None or len(answer) != len(texts):
                     raise RuntimeError(f'/encode answered {len(answer)} documents without embeddings')
