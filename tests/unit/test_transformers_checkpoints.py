@@ -324,20 +324,26 @@ def test_backends_built_around_one_image_shape_refuse_a_naflex_export(siglip2_ex
         require_fixed_size(read_metadata(siglip2_export[0]), 'tensorrt')
 
 
+def _auto_on_a_bf16_cpu(folder, monkeypatch):
+    """The checkpoint at `dtype: auto` on a CPU whose bf16 detection is forced on."""
+    from clipserve.backends import precision
+
+    monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
+    precision.cpu_bf16.cache_clear()
+    try:
+        return create_backend('torch', f'transformers:{folder}', BackendOptions(device='cpu'))
+    finally:
+        precision.cpu_bf16.cache_clear()
+
+
 @pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
 def test_a_bf16_image_tower_beside_an_fp32_text_tower_casts_each_types_image_tower_only(checkpoints, kind, monkeypatch):
-    """The precision table may give the towers different precisions on a CPU with native bf16
-    (CPU_BF16_AUTO): the backend then casts the image tower alone, found by running both towers."""
+    """Where the precision table splits the towers (CPU_BF16_AUTO), the image tower alone is cast."""
     from clipserve.backends import precision
     from clipserve.models.towers import image_only_modules  # noqa: F401 - what the backend uses to find the tower
 
-    monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
     monkeypatch.setitem(precision.CPU_BF16_AUTO, 'torch', ('bf16', 'fp32'))
-    precision.cpu_bf16.cache_clear()
-    try:
-        auto = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu'))
-    finally:
-        precision.cpu_bf16.cache_clear()
+    auto = _auto_on_a_bf16_cpu(checkpoints[kind], monkeypatch)
     fp32 = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu', dtype='fp32'))
     assert auto.dtype == 'bf16 images, fp32 texts', auto.precision.reason
     dtypes = {p.dtype for name, p in auto.model.named_parameters() if 'vision' in name or 'visual' in name}
@@ -357,17 +363,8 @@ def test_a_bf16_image_tower_beside_an_fp32_text_tower_casts_each_types_image_tow
 
 
 @pytest.mark.parametrize('kind', TRANSFORMERS_TYPES)
-def test_auto_on_a_cpu_with_native_bf16_runs_each_types_text_tower_in_bf16_close_to_fp32(
-    checkpoints, kind, monkeypatch
-):
-    from clipserve.backends import precision
-
-    monkeypatch.setenv(precision.CPU_BF16_ENV, '1')
-    precision.cpu_bf16.cache_clear()
-    try:
-        auto = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu'))
-    finally:
-        precision.cpu_bf16.cache_clear()
+def test_auto_on_a_bf16_cpu_runs_each_types_text_tower_in_bf16_close_to_fp32(checkpoints, kind, monkeypatch):
+    auto = _auto_on_a_bf16_cpu(checkpoints[kind], monkeypatch)
     fp32 = create_backend('torch', f'transformers:{checkpoints[kind]}', BackendOptions(device='cpu', dtype='fp32'))
     assert auto.dtype == 'bf16', auto.precision.reason
     tokens = auto.tokenizer(TEXTS)
