@@ -85,10 +85,14 @@ def test_scores_equal_transformers_and_do_not_depend_on_the_batch(checkpoint, ba
 
 
 def test_int8_is_measured_against_fp32_before_it_serves(checkpoint, monkeypatch):
-    """The tiny random model's int8 drifts far past the bound: refused with the figures, served when forced."""
+    """int8 that drifts past the bound is refused with the figures, served when forced. The bound is set below
+    any drift here: the tiny random model's int8 (its first block and last layer in float) lands near the real
+    bound, where whether its best three keep their order is a coin toss."""
+    from clipserve.backends import rerank_check
     from clipserve.serving.replica.reranker import CrossEncoderRanker
 
     monkeypatch.delenv('CLIPSERVE_INT8_FORCE', raising=False)
+    monkeypatch.setattr(rerank_check, 'MAX_SCORE_DIFF', 1e-6)
     with pytest.raises(
         BackendUnavailableError, match=r'dtype int8 for this reranker is refused.*max relevance difference'
     ):
