@@ -64,6 +64,11 @@ def served_name(protocol: str, clients: int) -> str:
     return f'served {"gRPC /encode" if protocol == "grpc" else "HTTP /v1"}, {clients} client{"s" * (clients > 1)}'
 
 
+def of_onnx_in_process(ratios: dict) -> dict:
+    """Each served rate as a fraction of the onnx model's in-process rate (both ratios to the same FastEmbed)."""
+    return {name: ratio / ratios['clipserve onnx'] for name, ratio in ratios.items() if name.startswith('served')}
+
+
 def measure_texts(args, export: str, models: dict, served: Served | None) -> dict:
     texts = [CAPTION] * FASTEMBED_BATCH
     measures = {
@@ -80,8 +85,7 @@ def measure_texts(args, export: str, models: dict, served: Served | None) -> dic
     with FastEmbedProcess(export, CAPTION) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    onnx = ratios['clipserve onnx']
-    of_model = {name: ratio / onnx for name, ratio in ratios.items() if name.startswith('served')}
+    of_model = of_onnx_in_process(ratios)
     return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
 
 
@@ -98,8 +102,7 @@ def measure_images(args, export: str, models: dict, image_dir: Path, served: Ser
     with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    onnx = ratios['clipserve onnx']
-    of_model = {name: ratio / onnx for name, ratio in ratios.items() if name.startswith('served')}
+    of_model = of_onnx_in_process(ratios)
     return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
 
 
