@@ -3,14 +3,17 @@ the hashes of its files, so that an install made twice (a CI run, a user's check
 holds the same versions. constraints.txt pins what CI proves together; the locks pin the rest too.
 
     python deploy/lock.py            # rewrite locks/*.txt from pyproject.toml and constraints.txt
-    python deploy/lock.py --check    # make them again in a scratch folder; exit 1 naming the locks that differ
+    python deploy/lock.py --check    # resolve again within the committed pins; exit 1 naming the locks that differ
 
 The resolution is uv's (`uv pip compile --universal`: one file for every Linux Python from 3.11, markers
-where versions differ), from PyPI, ignoring files published after EXCLUDE_NEWER: the same inputs give the same
-locks on any day, which is what lets CI check them. After changing a pin in constraints.txt or a dependency in
+where versions differ), from PyPI, ignoring files published after EXCLUDE_NEWER, so a rewrite on a later day
+does not pick up releases made since. After changing a pin in constraints.txt or a dependency in
 pyproject.toml, move EXCLUDE_NEWER to the present (a time already past: files published later in the same
-day would otherwise change a later check) and run this. Every flavour but `base` is resolved within
+day would otherwise change a later rewrite) and run this. Every flavour but `base` is resolved within
 locks/base.txt, so the Dockerfile's shared first layer (the base lock) stays valid under every variant's.
+A check resolves each lock within its own committed pins too: registries (PyPI mirrors above all) list some
+releases only after their upload date, so a fresh resolution can move on a later day; a check fails on what
+the inputs change, not on what the registry learned; it names every lock that is wrong and why.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import difflib
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,20 +54,27 @@ def uv() -> str:
     return find_uv_bin()
 
 
-def compile_lock(name: str) -> str:
-    """The lock of the flavour `name`, by one `uv pip compile` (within locks/base.txt unless it is the base)."""
+class LockError(Exception):
+    """uv found no resolution: the inputs contradict each other (or a committed lock, in a check)."""
+
+
+def compile_lock(name: str, within_committed: bool = False) -> str:
+    """The lock of the flavour `name`, by one `uv pip compile` (within locks/base.txt unless it is the base;
+    within its own committed lock too when `within_committed`, which is how a check resolves)."""
     requirements, used_by = FLAVOURS[name]
     command = [uv(), 'pip', 'compile', '-', '--quiet', '--universal', '--python-version', PYTHON, '--no-header']
     command += ['--generate-hashes', '--exclude-newer', EXCLUDE_NEWER, '--default-index', INDEX]
     command += ['--constraint', 'constraints.txt']
     if name != 'base':
         command += ['--constraint', 'locks/base.txt']
+    if within_committed and (LOCKS / f'{name}.txt').exists():
+        command += ['--constraint', f'locks/{name}.txt']
     for package in LOCAL:
         command += ['--no-emit-package', package]
     # no --output-file: uv would prefer the versions of an existing one, and a rewrite could differ from a check
     result = subprocess.run(command, cwd=ROOT, input='\n'.join(requirements) + '\n', capture_output=True, text=True)
     if result.returncode != 0 or not result.stdout:
-        sys.exit(f'deploy/lock.py: uv could not lock {name}:\n{result.stderr}')
+        raise LockError(f'uv could not lock {name}:\n{result.stderr}')
     header = (
         f'# locks/{name}.txt: {used_by}. Made by `python deploy/lock.py` from pyproject.toml ({", ".join(requirements)})\n'
         f'# and constraints.txt; do not edit. Install: pip install --no-deps --require-hashes -r locks/{name}.txt\n'
@@ -83,30 +92,45 @@ def make(into: Path) -> list[Path]:
     return made
 
 
+def pins_and_hashes(lock: str) -> list[str]:
+    """A lock's lines less its comments: a check's `via` notes also name the committed lock it resolved within."""
+    return [line for line in lock.splitlines() if not line.lstrip().startswith('#')]
+
+
 def check() -> int:
-    with tempfile.TemporaryDirectory() as scratch:
-        made = make(Path(scratch))
-        stale = []
-        for path in made:
-            committed = LOCKS / path.name
-            old = committed.read_text().splitlines() if committed.exists() else []
-            new = path.read_text().splitlines()
-            if old != new:
-                diff = list(difflib.unified_diff(old, new, f'locks/{path.name}', 'made now', lineterm='', n=0))
-                stale.append(f'locks/{path.name} differs from what deploy/lock.py makes:\n' + '\n'.join(diff[:40]))
+    """0 when each committed lock is what its inputs resolve to today, resolved within its own pins: a changed
+    dependency, extra or constraint fails, a release the registry only lists later (some mirrors fill in
+    releases after their upload date, which EXCLUDE_NEWER cannot exclude) does not."""
+    stale = []
+    for name in FLAVOURS:
+        committed = LOCKS / f'{name}.txt'
+        try:
+            made = compile_lock(name, within_committed=True)
+        except LockError as error:
+            stale.append(f'locks/{name}.txt no longer resolves: {error}')
+            continue
+        old = pins_and_hashes(committed.read_text()) if committed.exists() else []
+        diff = difflib.unified_diff(old, pins_and_hashes(made), f'locks/{name}.txt', 'made now', lineterm='', n=0)
+        moved = [line for line in diff if line[:1] in '+-' and line[1:2].isalnum()]  # pins, not their hashes
+        if old != pins_and_hashes(made):
+            moved = moved or ['(the same pins, other hashes)']
+            stale.append(f'locks/{name}.txt differs from what deploy/lock.py makes:\n' + '\n'.join(moved[:40]))
     if stale:
         print('\n\n'.join(stale) + '\n\nrun: python deploy/lock.py', file=sys.stderr)
         return 1
-    print(f'locks/: {len(made)} locks, each what deploy/lock.py makes')
+    print(f'locks/: {len(FLAVOURS)} locks, each what deploy/lock.py makes')
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--check', action='store_true', help='make the locks in a scratch folder and compare')
+    parser.add_argument('--check', action='store_true', help='resolve each lock again within its pins and compare')
     if parser.parse_args().check:
         return check()
-    made = make(LOCKS)
+    try:
+        made = make(LOCKS)
+    except LockError as error:
+        sys.exit(f'deploy/lock.py: {error}')
     print('\n'.join(f'{p.relative_to(ROOT)}: {sum(1 for line in p.open() if line[:1].isalnum())} pins' for p in made))
     return 0
 

@@ -18,13 +18,38 @@ PYTHONS = ('3.11.7', '3.12.8', '3.13.5')  # the Linux Pythons the images and the
 
 
 def test_the_lock_command_makes_the_committed_locks():
-    """Resolved again from PyPI (files published after deploy/lock.py's EXCLUDE_NEWER left out), every
-    lock comes out byte for byte as committed: a changed pin or dependency without a new lock fails here."""
+    """Resolved again from PyPI within its own pins (files published after deploy/lock.py's EXCLUDE_NEWER
+    left out), every lock's pins and hashes come out as committed: a changed pin or dependency without a new
+    lock fails here, a release the registry lists late does not."""
     result = subprocess.run(
         [sys.executable, 'deploy/lock.py', '--check'], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-6000:]
     assert f'{len(FLAVOURS)} locks' in result.stdout
+
+
+def test_the_check_fails_on_a_lock_its_inputs_no_longer_make(tmp_path):
+    """In a copy of the tree, a lock missing a dependency and a lock pinned to another version than the one
+    its hashes belong to are both named, each with its reason: resolving within the committed pins does not
+    hide a stale lock."""
+    tracked = subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in tracked.splitlines():
+        if (ROOT / name).is_file():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    serve, test = tmp_path / 'locks' / 'serve.txt', tmp_path / 'locks' / 'test.txt'
+    dropped = re.sub(r'^wcwidth==.*?(?=^[a-z])', '', serve.read_text(), count=1, flags=re.M | re.S)
+    moved = re.sub(r'^(ftfy==)\S+', r'\g<1>6.3.0', test.read_text(), count=1, flags=re.M)
+    assert dropped != serve.read_text() and moved != test.read_text(), 'the locks no longer pin wcwidth and ftfy'
+    serve.write_text(dropped)
+    test.write_text(moved)
+    result = subprocess.run(
+        [sys.executable, 'deploy/lock.py', '--check'], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert 'locks/serve.txt differs' in result.stderr and '+wcwidth==' in result.stderr
+    assert 'locks/test.txt no longer resolves' in result.stderr and 'ftfy' in result.stderr
+    assert 'locks/base.txt differs' not in result.stderr
 
 
 def test_the_lock_folder_holds_one_lock_per_flavour():
