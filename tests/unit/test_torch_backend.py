@@ -297,7 +297,9 @@ def test_auto_on_a_cpu_with_native_bf16_runs_both_towers_in_bf16_close_to_fp32(c
     tokens = auto.tokenizer(TEXTS)
     texts_auto = auto.encode_texts(tokens.input_ids, tokens.attention_mask)
     texts_fp32 = fp32.encode_texts(tokens.input_ids, tokens.attention_mask)
-    assert texts_auto.dtype == np.float32 and _cosines(texts_auto, texts_fp32).min() >= 0.9999
+    # texts run twelve bf16 blocks on random weights: 0.99990 to 0.99993 from run to run on one CPU (the
+    # kernels oneDNN picks vary with threads); the start-up check refuses below 0.995, the product's own line
+    assert texts_auto.dtype == np.float32 and _cosines(texts_auto, texts_fp32).min() >= 0.9995
     assert np.abs(texts_auto - texts_fp32).max() > 0  # bf16 did run
     one = auto.tokenizer(TEXTS[:1])  # alone, as in its batch
     assert _cosines(auto.encode_texts(one.input_ids, one.attention_mask), texts_auto[:1]).min() >= 0.9999
