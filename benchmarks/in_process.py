@@ -7,19 +7,22 @@ Texts: FastEmbed's TextEmbedding (fastembed_text.py in a process of its own, `em
 caption a call, pooling and normalisation off since the graph pools) is the baseline; each clipserve
 configuration is measured between two FastEmbed windows (common.bracketed), so its ratio holds on a busy
 machine. In process: Model(backend='onnx') on the very export FastEmbed runs, and Model(backend='torch') at
-its default precision, 256 captions a call, each with its default forward pass (Model's batch_size). Served (served_rates.py, unless
---no-served): `clipserve serve` on the same export (onnx), clients of 8 short captions a request, 1 and 4 of
-them, over gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of the onnx
-model's in-process rate. Images (generated 320x240 JPEG files, read and decoded by each tool): FastEmbed's
+its default precision, 256 captions a call, each with its default forward pass (Model's batch_size). Served
+(served_rates.py, unless --no-served): `clipserve serve` on the same export (onnx; 1 and 4 clients) and on
+the default torch backend at its default precision (4 clients), clients of 8 short captions a request, over
+gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of its backend's model
+in process. Images (generated 320x240 JPEG files, read and decoded by each tool): FastEmbed's
 ImageEmbedding on the same export's visual graph (fastembed_images.py, its default batch of 16) is the
-baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call, and for the served Flow: 1 and
-4 gRPC clients sending 8 of those files a request as document blobs (as clip-client sends local files). Needs the `bench` extra
+baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call, and for the served Flows:
+gRPC clients (as for texts) sending 8 of those files a request as document blobs (as clip-client sends local
+files). Needs the `bench` extra
 (fastembed). Prints a table, writes benchmarks/results/in_process.json and in_process.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import tempfile
 from pathlib import Path
@@ -60,50 +63,66 @@ def write_jpegs(folder: Path, n: int) -> list[str]:
     return paths
 
 
-def served_name(protocol: str, clients: int) -> str:
-    return f'served {"gRPC /encode" if protocol == "grpc" else "HTTP /v1"}, {clients} client{"s" * (clients > 1)}'
+def served_name(backend: str, protocol: str, clients: int) -> str:
+    route = 'gRPC /encode' if protocol == 'grpc' else 'HTTP /v1'
+    return f'served {backend}, {route}, {clients} client{"s" * (clients > 1)}'
 
 
-def of_onnx_in_process(ratios: dict) -> dict:
-    """Each served rate as a fraction of the onnx model's in-process rate (both ratios to the same FastEmbed)."""
-    return {name: ratio / ratios['clipserve onnx'] for name, ratio in ratios.items() if name.startswith('served')}
+def of_model_in_process(ratios: dict, models: dict) -> dict:
+    """Each served rate as a fraction of its backend's model in process (both ratios to the same FastEmbed)."""
+    in_process = {name.split()[1]: ratios[name] for name in models}  # 'clipserve onnx' -> 'onnx'
+    return {
+        name: ratio / in_process[name.split()[1].rstrip(',')]
+        for name, ratio in ratios.items()
+        if name.startswith('served')
+    }
 
 
-def measure_texts(args, export: str, models: dict, served: Served | None) -> dict:
+def served_runs(served: dict, protocols: tuple) -> list[tuple]:
+    """(backend, Served, protocol, clients) of each served row: the onnx Flow with 1 and 4 clients, the
+    default (torch) Flow with 4."""
+    return [
+        (backend, flow, protocol, clients)
+        for backend, flow in served.items()
+        for protocol in protocols
+        for clients in (CLIENTS if backend == 'onnx' else CLIENTS[-1:])
+    ]
+
+
+def measure_texts(args, export: str, models: dict, served: dict) -> dict:
     texts = [CAPTION] * FASTEMBED_BATCH
     measures = {
         name: (lambda m=model: sustained_rate(lambda: m.embed_texts(texts), len(texts), args.seconds))
         for name, model in models.items()
     }
-    if served is not None:
-        request = [CAPTION] * SERVED_TEXTS
-        for protocol in PROTOCOLS:
-            for clients in CLIENTS:
-                measures[served_name(protocol, clients)] = lambda p=protocol, c=clients: texts_rate(
-                    served, p, c, request, args.seconds
-                )
+    request = [CAPTION] * SERVED_TEXTS
+    for backend, flow, protocol, clients in served_runs(served, PROTOCOLS):
+        measures[served_name(backend, protocol, clients)] = lambda f=flow, p=protocol, c=clients: texts_rate(
+            f, p, c, request, args.seconds
+        )
     with FastEmbedProcess(export, CAPTION) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    of_model = of_onnx_in_process(ratios)
-    return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
+    of_model = of_model_in_process(ratios, models)
+    return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
 
 
-def measure_images(args, export: str, models: dict, image_dir: Path, served: Served | None) -> dict:
+def measure_images(args, export: str, models: dict, image_dir: Path, served: dict) -> dict:
     paths = write_jpegs(image_dir, IMAGES)
     measures = {
         name: (lambda m=model: sustained_rate(lambda: m.embed_images(paths), len(paths), args.seconds))
         for name, model in models.items()
     }
-    if served is not None:
-        request = [Path(p).read_bytes() for p in paths[:SERVED_IMAGES]]
-        for clients in CLIENTS:
-            measures[served_name('grpc', clients)] = lambda c=clients: images_rate(served, c, request, args.seconds)
+    request = [Path(p).read_bytes() for p in paths[:SERVED_IMAGES]]
+    for backend, flow, protocol, clients in served_runs(served, ('grpc',)):
+        measures[served_name(backend, protocol, clients)] = lambda f=flow, c=clients: images_rate(
+            f, c, request, args.seconds
+        )
     with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    of_model = of_onnx_in_process(ratios)
-    return {'rates': rates, 'vs_fastembed': ratios, 'vs_onnx_in_process': of_model, 'fastembed_check': check}
+    of_model = of_model_in_process(ratios, models)
+    return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
 
 
 def table(results: dict) -> str:
@@ -111,15 +130,15 @@ def table(results: dict) -> str:
     rows = [['FastEmbed (onnx, in process)', f'{texts["rates"]["baseline"]:.1f}', '1.00x', '-']]
     rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x', '-']
     for name, ratio in texts['vs_fastembed'].items():
-        of_model = texts['vs_onnx_in_process'].get(name)
+        of_model = texts['vs_model_in_process'].get(name)
         rows.append(
             [name, f'{texts["rates"][name]:.1f}', f'{ratio:.2f}x', '-' if of_model is None else f'{of_model:.2f}']
         )
         image_ratio = images['vs_fastembed'].get(name)
         rows[-1] += ['-', '-'] if image_ratio is None else [f'{images["rates"][name]:.1f}', f'{image_ratio:.2f}x']
-        of_model = images.get('vs_onnx_in_process', {}).get(name)
+        of_model = images['vs_model_in_process'].get(name)
         rows[-1].append('-' if of_model is None else f'{of_model:.2f}')
-    headers = ['', 'texts/s', 'vs FastEmbed', 'of onnx in process', 'images/s', 'vs FastEmbed', 'of onnx in process']
+    headers = ['', 'texts/s', 'vs FastEmbed', 'of its model in process', 'images/s', 'vs FastEmbed', 'of its model']
     return markdown_table(headers, rows)
 
 
@@ -145,13 +164,13 @@ def main() -> None:
         onnx = Model(args.model, backend='onnx', model_path=str(export))
         torch = Model(args.model, backend='torch')
         models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
-        if args.no_served:
-            texts = measure_texts(args, export, models, None)
-            images = measure_images(args, export, models, Path(scratch) / 'jpegs', None)
-        else:
-            with Served(args.model, 'onnx', str(export)) as served:
-                texts = measure_texts(args, export, models, served)
-                images = measure_images(args, export, models, Path(scratch) / 'jpegs', served)
+        with contextlib.ExitStack() as flows:
+            served = {}
+            if not args.no_served:  # both Flows up at once: an idle one takes no CPU
+                served['onnx'] = flows.enter_context(Served(args.model, 'onnx', str(export)))
+                served['torch'] = flows.enter_context(Served(args.model, 'torch'))
+            texts = measure_texts(args, export, models, served)
+            images = measure_images(args, export, models, Path(scratch) / 'jpegs', served)
         onnx.close()
         torch.close()
 

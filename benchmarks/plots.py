@@ -224,7 +224,32 @@ def in_process(results: dict, path: Path) -> bool:
     return figure(path, draw, ncols=2, figsize=(11, 3.8))
 
 
-DRAWERS = {f.__name__: f for f in (serving, precision, late_interaction, bulk, search, rerank, overload, in_process)}
+def request_overhead(results: dict, path: Path) -> bool:
+    """Median latency of each route, and the CPU each process spent per request, stacked."""
+
+    def draw(axes):
+        names = list(results['routes'])
+        rows = [results['routes'][n] for n in names]
+        axes[0].barh(names[::-1], [r['median_ms'] for r in rows][::-1], color='C0')
+        axes[0].set_xlabel('median latency, ms')
+        left = [0.0] * len(rows)
+        roles = sorted({role for r in rows for role in r['cpu_ms_per_request']})
+        for i, role in enumerate(roles):
+            widths = [r['cpu_ms_per_request'].get(role, 0.0) for r in rows]
+            axes[1].barh(names[::-1], widths[::-1], left=left[::-1], label=role, color=f'C{i + 1}')
+            left = [a + b for a, b in zip(left, widths)]
+        axes[1].set_xlabel('CPU ms per request')
+        axes[1].legend(fontsize=7)
+        for ax in axes:
+            ax.tick_params(axis='y', labelsize=7)
+
+    return figure(path, draw, ncols=2, figsize=(12, 3.5))
+
+
+DRAWERS = {
+    f.__name__: f
+    for f in (serving, precision, late_interaction, bulk, search, rerank, overload, in_process, request_overhead)
+}
 
 
 def draw_all(results_dir: Path, out_dir: Path) -> list[str]:
