@@ -13,13 +13,13 @@ day would otherwise change a later rewrite) and run this. Every flavour but `bas
 locks/base.txt, so the Dockerfile's shared first layer (the base lock) stays valid under every variant's.
 A check resolves each lock within its own committed pins too: registries (PyPI mirrors above all) list some
 releases only after their upload date, so a fresh resolution can move on a later day; a check fails on what
-the inputs change, not on what the registry learned; it names every lock that is wrong and why.
+the inputs change, not on what the registry learned (a file listed late adds a hash the committed lock
+need not hold; one no longer listed fails); it names every lock that is wrong and why.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import shutil
 import subprocess
 import sys
@@ -92,9 +92,21 @@ def make(into: Path) -> list[Path]:
     return made
 
 
-def pins_and_hashes(lock: str) -> list[str]:
-    """A lock's lines less its comments: a check's `via` notes also name the committed lock it resolved within."""
-    return [line for line in lock.splitlines() if not line.lstrip().startswith('#')]
+def pins_and_hashes(lock: str) -> dict[str, set[str]]:
+    """Each pin line of a lock (`name==version`, with its markers) -> the hashes under it; comments left out
+    (a check's `via` notes also name the committed lock it resolved within)."""
+    pins: dict[str, set[str]] = {}
+    pin = None
+    for line in lock.splitlines():
+        line = line.strip().rstrip('\\').strip()
+        if not line or line.startswith('#'):
+            continue
+        if line.startswith('--hash='):
+            pins[pin].add(line)
+        else:
+            pin = line
+            pins[pin] = set()
+    return pins
 
 
 def check() -> int:
@@ -109,12 +121,19 @@ def check() -> int:
         except LockError as error:
             stale.append(f'locks/{name}.txt no longer resolves: {error}')
             continue
-        old = pins_and_hashes(committed.read_text()) if committed.exists() else []
-        diff = difflib.unified_diff(old, pins_and_hashes(made), f'locks/{name}.txt', 'made now', lineterm='', n=0)
-        moved = [line for line in diff if line[:1] in '+-' and line[1:2].isalnum()]  # pins, not their hashes
-        if old != pins_and_hashes(made):
-            moved = moved or ['(the same pins, other hashes)']
-            stale.append(f'locks/{name}.txt differs from what deploy/lock.py makes:\n' + '\n'.join(moved[:40]))
+        old = pins_and_hashes(committed.read_text()) if committed.exists() else {}
+        now = pins_and_hashes(made)
+        moved = [f'-{pin}' for pin in old if pin not in now] + [f'+{pin}' for pin in now if pin not in old]
+        # a file the registry lists later adds a hash (harmless: the lock allows fewer files); one it no longer
+        # lists would make the install fail
+        gone = [
+            f'{pin}: {len(old[pin] - now[pin])} of its files no longer listed'
+            for pin in old
+            if pin in now and old[pin] - now[pin]
+        ]
+        if moved or gone:
+            found = moved + gone
+            stale.append(f'locks/{name}.txt differs from what deploy/lock.py makes:\n' + '\n'.join(found[:40]))
     if stale:
         print('\n\n'.join(stale) + '\n\nrun: python deploy/lock.py', file=sys.stderr)
         return 1

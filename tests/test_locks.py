@@ -19,8 +19,8 @@ PYTHONS = ('3.11.7', '3.12.8', '3.13.5')  # the Linux Pythons the images and the
 
 def test_the_lock_command_makes_the_committed_locks():
     """Resolved again from PyPI within its own pins (files published after deploy/lock.py's EXCLUDE_NEWER
-    left out), every lock's pins and hashes come out as committed: a changed pin or dependency without a new
-    lock fails here, a release the registry lists late does not."""
+    left out), every lock's pins come out as committed and every hash it holds is still listed: a changed pin
+    or dependency without a new lock fails here, a release or file the registry lists late does not."""
     result = subprocess.run(
         [sys.executable, 'deploy/lock.py', '--check'], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
