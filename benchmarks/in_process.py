@@ -68,14 +68,11 @@ def served_name(backend: str, protocol: str, clients: int) -> str:
     return f'served {backend}, {route}, {clients} client{"s" * (clients > 1)}'
 
 
-def of_model_in_process(ratios: dict, models: dict) -> dict:
-    """Each served rate as a fraction of its backend's model in process (both ratios to the same FastEmbed)."""
-    in_process = {name.split()[1]: ratios[name] for name in models}  # 'clipserve onnx' -> 'onnx'
-    return {
-        name: ratio / in_process[name.split()[1].rstrip(',')]
-        for name, ratio in ratios.items()
-        if name.startswith('served')
-    }
+def of_model_in_process(ratios: dict, backend_of: dict) -> dict:
+    """Each served rate as a fraction of its backend's model in process (both ratios to the same FastEmbed);
+    `backend_of`: each measure's name -> its backend."""
+    in_process = {backend_of[name]: ratios[name] for name in ratios if not name.startswith('served')}
+    return {name: ratios[name] / in_process[backend_of[name]] for name in ratios if name.startswith('served')}
 
 
 def served_runs(served: dict, protocols: tuple) -> list[tuple]:
@@ -95,15 +92,16 @@ def measure_texts(args, export: str, models: dict, served: dict) -> dict:
         name: (lambda m=model: sustained_rate(lambda: m.embed_texts(texts), len(texts), args.seconds))
         for name, model in models.items()
     }
+    backend_of = {name: model.backend.name for name, model in models.items()}
     request = [CAPTION] * SERVED_TEXTS
     for backend, flow, protocol, clients in served_runs(served, PROTOCOLS):
-        measures[served_name(backend, protocol, clients)] = lambda f=flow, p=protocol, c=clients: texts_rate(
-            f, p, c, request, args.seconds
-        )
+        name = served_name(backend, protocol, clients)
+        measures[name] = lambda f=flow, p=protocol, c=clients: texts_rate(f, p, c, request, args.seconds)
+        backend_of[name] = backend
     with FastEmbedProcess(export, CAPTION) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    of_model = of_model_in_process(ratios, models)
+    of_model = of_model_in_process(ratios, backend_of)
     return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
 
 
@@ -113,15 +111,16 @@ def measure_images(args, export: str, models: dict, image_dir: Path, served: dic
         name: (lambda m=model: sustained_rate(lambda: m.embed_images(paths), len(paths), args.seconds))
         for name, model in models.items()
     }
+    backend_of = {name: model.backend.name for name, model in models.items()}
     request = [Path(p).read_bytes() for p in paths[:SERVED_IMAGES]]
     for backend, flow, protocol, clients in served_runs(served, ('grpc',)):
-        measures[served_name(backend, protocol, clients)] = lambda f=flow, c=clients: images_rate(
-            f, c, request, args.seconds
-        )
+        name = served_name(backend, protocol, clients)
+        measures[name] = lambda f=flow, c=clients: images_rate(f, c, request, args.seconds)
+        backend_of[name] = backend
     with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    of_model = of_model_in_process(ratios, models)
+    of_model = of_model_in_process(ratios, backend_of)
     return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
 
 
