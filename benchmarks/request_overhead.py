@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks import plots
 from benchmarks.common import machine, markdown_table, save
-from benchmarks.served_rates import Served
+from benchmarks.served_rates import Served, request_sender
 
 CAPTION = 'a photo of a small brown dog running on the beach'
 TICKS = os.sysconf('SC_CLK_TCK')
@@ -84,39 +84,15 @@ def cpu_by_role(pids: dict[str, list[int]]) -> dict[str, float]:
     return {**seconds, 'client': times.user + times.system}
 
 
-async def sender(served: Served, route: str):
-    """(send one request, close) for `route`: 'gRPC /encode', 'HTTP /v1' or 'gRPC, no document'."""
-    if route == 'HTTP /v1':
-        import aiohttp
-
-        session = aiohttp.ClientSession(f'http://127.0.0.1:{served.http_port}')
-
-        async def send() -> None:
-            async with session.post('/v1/embeddings', json={'input': [CAPTION]}) as answer:
-                body = await answer.json()
-                if answer.status != 200 or len(body['data']) != 1:
-                    raise RuntimeError(f'/v1/embeddings answered {answer.status}: {str(body)[:300]}')
-
-        return send, session.close
-    from docarray import Document, DocumentArray
-    from jina import Client
-
-    client = Client(host='127.0.0.1', port=served.grpc_port, asyncio=True)
-    texts = [] if route == 'gRPC, no document' else [CAPTION]
-
-    async def send() -> None:
-        async for answer in client.post('/encode', DocumentArray([Document(text=t) for t in texts])):
-            if len(answer) != len(texts) or (texts and answer.embeddings is None):
-                raise RuntimeError(f'/encode answered {len(answer)} documents')
-
-    async def close() -> None:
-        return None
-
-    return send, close
+ROUTES = {  # route -> (served_rates protocol, the texts of one request)
+    'gRPC, no document': ('grpc', []),
+    'gRPC /encode': ('grpc', [CAPTION]),
+    'HTTP /v1': ('v1', [CAPTION]),
+}
 
 
 async def measure_route(served: Served, route: str, requests: int, pids: dict) -> dict:
-    send, close = await sender(served, route)
+    send, close = await request_sender(served, *ROUTES[route])
     try:
         for _ in range(5):  # warm-up: connections, first-call caches
             await send()
@@ -187,7 +163,7 @@ def main() -> None:
         model.close()
         with Served(args.model, args.backend, export) as served:
             pids = roles(served)
-            for route in ('gRPC, no document', 'gRPC /encode', 'HTTP /v1'):
+            for route in ROUTES:
                 routes[f'served: {route}'] = asyncio.run(measure_route(served, route, args.requests, pids))
 
     results = {

@@ -89,7 +89,7 @@ def images_rate(served: Served, clients: int, images: list[bytes], seconds: floa
 
 
 async def _rate(served: Served, protocol: str, clients: int, texts: list, seconds: float) -> float:
-    senders = [await _sender(served, protocol, texts) for _ in range(clients)]
+    senders = [await request_sender(served, protocol, texts) for _ in range(clients)]
     try:
         await asyncio.gather(*(send() for send, _ in senders))
         counts = [0] * clients
@@ -107,8 +107,9 @@ async def _rate(served: Served, protocol: str, clients: int, texts: list, second
             await close()
 
 
-async def _sender(served: Served, protocol: str, texts: list):
-    """(send one request and check its answer, close) for one client; `texts` may hold encoded images (bytes)."""
+async def request_sender(served: Served, protocol: str, texts: list):
+    """(send one request and check its answer, close) for one client; `texts` may hold encoded images (bytes),
+    or nothing (over gRPC: a request of no document, answered without the model)."""
     if protocol == 'grpc':
         from docarray import Document, DocumentArray
         from jina import Client
@@ -118,7 +119,7 @@ async def _sender(served: Served, protocol: str, texts: list):
         async def send() -> None:
             docs = DocumentArray([Document(blob=t) if isinstance(t, bytes) else Document(text=t) for t in texts])
             async for answer in client.post('/encode', docs):
-                if answer.embeddings is None or len(answer) != len(texts):
+                if len(answer) != len(texts) or (texts and answer.embeddings is None):
                     raise RuntimeError(f'/encode answered {len(answer)} documents without embeddings')
 
         async def close() -> None:
