@@ -368,6 +368,9 @@ def test_concurrent_requests_share_forward_passes_and_the_metrics_count_them(ser
     after = _info(served)
     assert after['texts_encoded'] - before['texts_encoded'] == 8
     assert after['model_calls'] - before['model_calls'] < 8, 'dynamic batching merged none of 8 concurrent requests'
+    passes = {key: after['passes']['texts'][key] - before['passes']['texts'][key] for key in after['passes']['texts']}
+    assert passes['rows'] == 8 and passes['passes'] == after['model_calls'] - before['model_calls']
+    assert passes['seconds'] > 0
     gateway = urllib.request.urlopen(f'http://127.0.0.1:{served["gateway_metrics"]}/', timeout=10).read().decode()
     assert 'clipserve_openai_requests_total{route="embeddings",status="200"}' in gateway
     assert 'clipserve_openai_requests_total{route="embeddings",status="400"}' in gateway

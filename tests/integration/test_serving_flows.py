@@ -1,6 +1,7 @@
 """The serving surface from the shipped YAMLs: TLS on every protocol, replicas, shards, monitoring, several models."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -123,9 +124,14 @@ def test_prometheus_serves_clipserve_metrics(tmp_path_factory):
             'clipserve_inference_seconds',
             'clipserve_docs_per_request',
             'clipserve_errors_total',
+            'clipserve_pass_rows',
+            'clipserve_model_busy_seconds_total',
         ):
             assert name in metrics, name
         assert 'cause="invalid_document"' in metrics
+        # the two texts ran in one pass (after the warm-up's one text): 2 passes, 3 rows by now
+        assert re.search(r'clipserve_pass_rows_count\{[^}]*modality="texts"[^}]*\} 2\.0', metrics), metrics
+        assert re.search(r'clipserve_pass_rows_sum\{[^}]*modality="texts"[^}]*\} 3\.0', metrics)
         assert 'modality="text"' in metrics
         gateway = urllib.request.urlopen(f'http://127.0.0.1:{gateway_metrics}/', timeout=10).read().decode()
         assert 'jina_' in gateway

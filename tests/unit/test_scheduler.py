@@ -62,6 +62,22 @@ def test_the_batch_size_is_respected_and_a_large_job_is_cut_into_slices():
     np.testing.assert_array_equal(out[:, 0], np.arange(10) * 10)
 
 
+def test_each_pass_is_counted_by_kind_with_its_rows_and_reported():
+    reported = []
+    scheduler = Scheduler(
+        {'x': Task(Recorder(), batch=4), 'y': Task(Recorder(), batch=8)},
+        on_pass=lambda kind, n, seconds: reported.append((kind, n, seconds)),
+    )
+    scheduler('x', np.arange(10, dtype=float)[:, None])
+    scheduler('y', rows(1, 3))
+    scheduler.close()
+    assert [(kind, n) for kind, n, _ in reported] == [('x', 4), ('x', 4), ('x', 2), ('y', 3)]
+    assert all(seconds >= 0 for *_, seconds in reported)
+    counts = {kind: c.as_dict() for kind, c in scheduler.passes.items()}
+    assert {kind: (c['passes'], c['rows']) for kind, c in counts.items()} == {'x': (3, 10), 'y': (1, 3)}
+    assert counts['x']['seconds'] == pytest.approx(sum(s for kind, _, s in reported if kind == 'x'), abs=1e-5)
+
+
 def test_a_small_request_behind_large_ones_runs_in_the_next_batch():
     model = Recorder(delay=0.01)
     model.gate.clear()  # hold the first batch until everything is queued

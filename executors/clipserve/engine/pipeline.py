@@ -73,6 +73,7 @@ class EncodePipeline:
         fetch_threads: int = 16,
         fetch_budget: FetchBudget = FetchBudget(),
         on_wait: Callable[[str, float], None] = lambda kind, seconds: None,
+        on_pass: Callable[[str, int, float], None] = lambda kind, rows, seconds: None,
     ):
         self.backend = backend
         self.output = output_kind(backend)  # one vector per input, or a vector per token
@@ -100,6 +101,7 @@ class EncodePipeline:
             max_wait=batch_wait,
             others_in_flight=others_in_flight,
             on_wait=on_wait,
+            on_pass=on_pass,
         )
 
     @property

@@ -84,6 +84,22 @@ class _Job:
 
 
 @dataclass
+class PassCounts:
+    """A kind's forward passes so far: how many, their rows, and the seconds the model spent in them (the
+    model thread's busy time: with the rows, how well concurrent requests were merged)."""
+
+    passes: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+    def add(self, rows: int, seconds: float) -> None:
+        self.passes, self.rows, self.seconds = self.passes + 1, self.rows + rows, self.seconds + seconds
+
+    def as_dict(self) -> dict:
+        return {'passes': self.passes, 'rows': self.rows, 'seconds': round(self.seconds, 6)}
+
+
+@dataclass
 class _Slice:
     job: _Job
     start: int
@@ -99,13 +115,16 @@ class Scheduler:
         max_wait: float | None = None,
         others_in_flight: Callable[[], bool] = lambda: False,
         on_wait: Callable[[str, float], None] = lambda kind, seconds: None,
+        on_pass: Callable[[str, int, float], None] = lambda kind, rows, seconds: None,
         name: str = 'clipserve-model',
     ):
         self.tasks = dict(tasks)
         self.max_wait = max_wait
         self.others_in_flight = others_in_flight
         self.on_wait = on_wait  # (kind, seconds from submit to its first rows running): for metrics
+        self.on_pass = on_pass  # (kind, rows, seconds in the model) after each pass that ran: for metrics
         self.batches_run = 0
+        self.passes = {kind: PassCounts() for kind in self.tasks}
         self.dropped = 0
         self._lock = threading.Condition()
         self._waiting: collections.OrderedDict[Hashable, collections.deque[_Job]] = collections.OrderedDict()
@@ -304,8 +323,12 @@ class Scheduler:
                 width = max(a.shape[1] for a in columns[0])
                 columns = [pad_to(column, width) if column[0].ndim == 2 else column for column in columns]
             merged = [np.concatenate(column) if len(column) > 1 else column[0] for column in columns]
+            started = time.perf_counter()
             out = task.fn(*merged)
+            seconds = time.perf_counter() - started
             self.batches_run += 1
+            self.passes[kind].add(len(merged[0]), seconds)
+            self.on_pass(kind, len(merged[0]), seconds)
         except BaseException as error:  # a model failure fails exactly the jobs in this batch
             for job in {id(p.job): p.job for p in slices}.values():
                 self._fail(job, error)

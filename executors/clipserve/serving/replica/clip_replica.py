@@ -119,6 +119,7 @@ class CLIPReplica(AdmittedExecutor):
             fetch_threads=settings.fetch_threads,
             fetch_budget=FetchBudget(settings.fetch_seconds, settings.fetch_max_bytes, settings.fetch_concurrency),
             on_wait=lambda kind, seconds: self.metrics.queue_wait(self.backend.model_name, kind, seconds),
+            on_pass=lambda kind, rows, seconds: self.metrics.forward_pass(self.backend.model_name, kind, rows, seconds),
         )
         self.metrics.watch_load(
             self.backend.model_name,
@@ -184,6 +185,8 @@ class CLIPReplica(AdmittedExecutor):
             'triton_imported': sys.modules.get('triton') is not None,
             'pid': os.getpid(),
             'batch_requests': self.pipeline.batches_requests,
+            # forward passes by kind since start (warm-up's included): rows merged per pass, the model's busy time
+            'passes': {kind: counts.as_dict() for kind, counts in self.pipeline.scheduler.passes.items()},
             'requests_in_flight': self.admission.requests,
             'documents_in_flight': self.admission.documents,
             'requests_queued': self.admission.queued,

@@ -27,6 +27,8 @@ METRICS = {
         ('modality',),
         'Seconds from a minibatch reaching the model thread to its first rows running',
     ),
+    'clipserve_pass_rows': ('histogram', ('modality',), 'Rows in one forward pass (concurrent requests merged)'),
+    'clipserve_model_busy_seconds': ('counter', ('modality',), 'Seconds the model thread spent in forward passes'),
     'clipserve_requests_in_flight': ('gauge', (), 'Requests this replica holds'),
     'clipserve_documents_in_flight': ('gauge', (), 'Documents this replica holds'),
     'clipserve_rows_waiting': ('gauge', ('modality',), 'Rows queued for the model, not yet running'),
@@ -50,7 +52,7 @@ class Metrics:
         self._m = {}
         for name, (kind, extra, help_text) in METRICS.items():
             options = {}
-            if name == 'clipserve_docs_per_request':
+            if name in ('clipserve_docs_per_request', 'clipserve_pass_rows'):
                 options['buckets'] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
             elif kind == 'histogram':
                 options['buckets'] = WAIT_BUCKETS
@@ -79,6 +81,11 @@ class Metrics:
     def queue_wait(self, model: str, modality: str, seconds: float) -> None:
         if self.enabled:
             self._labels('clipserve_queue_wait_seconds', model, modality).observe(seconds)
+
+    def forward_pass(self, model: str, modality: str, rows: int, seconds: float) -> None:
+        if self.enabled:
+            self._labels('clipserve_pass_rows', model, modality).observe(rows)
+            self._labels('clipserve_model_busy_seconds', model, modality).inc(seconds)
 
     def watch_load(self, model: str, requests: Callable[[], int], documents: Callable[[], int], rows) -> None:
         """Gauges read when Prometheus scrapes: what the replica holds, and rows waiting per modality."""
