@@ -15,7 +15,8 @@ in process. Images (generated 320x240 JPEG files, read and decoded by each tool)
 ImageEmbedding on the same export's visual graph (fastembed_images.py, its default batch of 16) is the
 baseline for Model(backend='onnx') and Model(backend='torch'), 64 paths a call, and for the served Flows:
 gRPC clients (as for texts) sending 8 of those files a request as document blobs (as clip-client sends local
-files). Needs the `bench` extra
+files). For each served row, the replica's own count of its forward passes in the window (/clipserve/info):
+the rows merged into a pass and the share of the window the model was running. Needs the `bench` extra
 (fastembed). Prints a table, writes benchmarks/results/in_process.json and in_process.png.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -94,15 +96,32 @@ def measure_texts(args, export: str, models: dict, served: dict) -> dict:
     }
     backend_of = {name: model.backend.name for name, model in models.items()}
     request = [CAPTION] * SERVED_TEXTS
+    windows = {}  # a served row's forward passes, window by window
     for backend, flow, protocol, clients in served_runs(served, PROTOCOLS):
         name = served_name(backend, protocol, clients)
-        measures[name] = lambda f=flow, p=protocol, c=clients: texts_rate(f, p, c, request, args.seconds)
+        windows[name] = []
+        measures[name] = lambda f=flow, p=protocol, c=clients, w=windows[name]: texts_rate(
+            f, p, c, request, args.seconds, passes=w
+        )
         backend_of[name] = backend
     with FastEmbedProcess(export, CAPTION) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
     of_model = of_model_in_process(ratios, backend_of)
-    return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
+    return {
+        'rates': rates,
+        'vs_fastembed': ratios,
+        'vs_model_in_process': of_model,
+        'served_passes': {name: median_passes(found, 'texts') for name, found in windows.items()},
+        'fastembed_check': check,
+    }
+
+
+def median_passes(windows: list[dict], kind: str) -> dict:
+    """A served row's rows merged per forward pass and the model's busy share of the window, medians over its
+    windows (the replica's own count: /clipserve/info)."""
+    found = [w[kind] for w in windows if kind in w]
+    return {key: statistics.median(w[key] for w in found) for key in ('rows_per_pass', 'busy')} if found else {}
 
 
 def measure_images(args, export: str, models: dict, image_dir: Path, served: dict) -> dict:
@@ -113,21 +132,29 @@ def measure_images(args, export: str, models: dict, image_dir: Path, served: dic
     }
     backend_of = {name: model.backend.name for name, model in models.items()}
     request = [Path(p).read_bytes() for p in paths[:SERVED_IMAGES]]
+    windows = {}
     for backend, flow, protocol, clients in served_runs(served, ('grpc',)):
         name = served_name(backend, protocol, clients)
-        measures[name] = lambda f=flow, c=clients: images_rate(f, c, request, args.seconds)
+        windows[name] = []
+        measures[name] = lambda f=flow, c=clients, w=windows[name]: images_rate(f, c, request, args.seconds, passes=w)
         backend_of[name] = backend
     with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
     of_model = of_model_in_process(ratios, backend_of)
-    return {'rates': rates, 'vs_fastembed': ratios, 'vs_model_in_process': of_model, 'fastembed_check': check}
+    return {
+        'rates': rates,
+        'vs_fastembed': ratios,
+        'vs_model_in_process': of_model,
+        'served_passes': {name: median_passes(found, 'images') for name, found in windows.items()},
+        'fastembed_check': check,
+    }
 
 
 def table(results: dict) -> str:
     texts, images = results['texts'], results['images']
     rows = [['FastEmbed (onnx, in process)', f'{texts["rates"]["baseline"]:.1f}', '1.00x', '-']]
-    rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x', '-']
+    rows[-1] += [f'{images["rates"]["baseline"]:.1f}', '1.00x', '-', '-', '-']
     for name, ratio in texts['vs_fastembed'].items():
         of_model = texts['vs_model_in_process'].get(name)
         rows.append(
@@ -137,8 +164,15 @@ def table(results: dict) -> str:
         rows[-1] += ['-', '-'] if image_ratio is None else [f'{images["rates"][name]:.1f}', f'{image_ratio:.2f}x']
         of_model = images['vs_model_in_process'].get(name)
         rows[-1].append('-' if of_model is None else f'{of_model:.2f}')
+        rows[-1] += [passes_cell(texts, name), passes_cell(images, name)]
     headers = ['', 'texts/s', 'vs FastEmbed', 'of its model in process', 'images/s', 'vs FastEmbed', 'of its model']
+    headers += ['served texts: rows a pass, model busy', 'served images: rows a pass, model busy']
     return markdown_table(headers, rows)
+
+
+def passes_cell(results: dict, name: str) -> str:
+    found = results.get('served_passes', {}).get(name)
+    return f'{found["rows_per_pass"]:.1f}, {found["busy"]:.0%}' if found else '-'
 
 
 def main() -> None:

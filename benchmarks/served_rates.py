@@ -77,22 +77,50 @@ class Served:
         self.log.close()
 
 
-def texts_rate(served: Served, protocol: str, clients: int, texts: list[str], seconds: float) -> float:
-    """Texts/s answered with `clients` closed-loop clients sending `texts` per request over `protocol`."""
-    return asyncio.run(_rate(served, protocol, clients, texts, seconds))
+def texts_rate(
+    served: Served, protocol: str, clients: int, texts: list[str], seconds: float, passes: list | None = None
+) -> float:
+    """Texts/s answered with `clients` closed-loop clients sending `texts` per request over `protocol`; with
+    `passes`, the window's forward passes are appended to it (window_passes)."""
+    return asyncio.run(_rate(served, protocol, clients, texts, seconds, passes))
 
 
-def images_rate(served: Served, clients: int, images: list[bytes], seconds: float) -> float:
+def images_rate(served: Served, clients: int, images: list[bytes], seconds: float, passes: list | None = None) -> float:
     """Images/s answered with `clients` closed-loop gRPC clients sending `images` (encoded files, as document
     blobs, the way clip-client sends local files) per request to /encode."""
-    return asyncio.run(_rate(served, 'grpc', clients, images, seconds))
+    return asyncio.run(_rate(served, 'grpc', clients, images, seconds, passes))
 
 
-async def _rate(served: Served, protocol: str, clients: int, texts: list, seconds: float) -> float:
+async def replica_passes(served: Served) -> dict:
+    """The replica's forward passes so far by kind (/clipserve/info: passes, rows, seconds in the model)."""
+    from docarray import Document, DocumentArray
+    from jina import Client
+
+    client = Client(host='127.0.0.1', port=served.grpc_port, asyncio=True)
+    async for answer in client.post('/clipserve/info', DocumentArray([Document()]), return_responses=True):
+        return next(iter(answer.parameters['__results__'].values()))['passes']
+    raise RuntimeError('/clipserve/info gave no answer')
+
+
+def window_passes(before: dict, after: dict, elapsed: float) -> dict:
+    """A window's passes by kind: how many, rows merged per pass, and the share of the window the model ran."""
+    found = {}
+    for kind in after:
+        passes = after[kind]['passes'] - before[kind]['passes']
+        if passes:
+            rows, busy = after[kind]['rows'] - before[kind]['rows'], after[kind]['seconds'] - before[kind]['seconds']
+            found[kind] = {'passes': passes, 'rows_per_pass': rows / passes, 'busy': busy / elapsed}
+    return found
+
+
+async def _rate(
+    served: Served, protocol: str, clients: int, texts: list, seconds: float, passes: list | None = None
+) -> float:
     senders = [await request_sender(served, protocol, texts) for _ in range(clients)]
     try:
         await asyncio.gather(*(send() for send, _ in senders))
         counts = [0] * clients
+        before = await replica_passes(served) if passes is not None else None
         started = time.perf_counter()
 
         async def keep_sending(i: int) -> None:
@@ -101,7 +129,10 @@ async def _rate(served: Served, protocol: str, clients: int, texts: list, second
                 counts[i] += len(texts)
 
         await asyncio.gather(*(keep_sending(i) for i in range(clients)))
-        return sum(counts) / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        if passes is not None:
+            passes.append(window_passes(before, await replica_passes(served), elapsed))
+        return sum(counts) / elapsed
     finally:
         for _, close in senders:
             await close()
