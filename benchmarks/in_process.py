@@ -7,7 +7,8 @@ Texts: FastEmbed's TextEmbedding (fastembed_text.py in a process of its own, `em
 caption a call, pooling and normalisation off since the graph pools) is the baseline; each clipserve
 configuration is measured between two FastEmbed windows (common.bracketed), so its ratio holds on a busy
 machine. In process: Model(backend='onnx') on the very export FastEmbed runs, and Model(backend='torch') at
-its default precision, 256 captions a call, each with its default forward pass (Model's batch_size). Served
+its default precision, 256 captions a call, each with its default forward pass (Model's batch_size), and the
+torch Model again at 16 captions a forward pass (the passes the served torch Flow merges here). Served
 (served_rates.py, unless --no-served): `clipserve serve` on the same export (onnx; 1 and 4 clients) and on
 the default torch backend at its default precision (4 clients), clients of 8 short captions a request, over
 gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of its backend's model
@@ -41,6 +42,7 @@ CAPTION = 'a photo of a small brown dog running on the beach'
 IMAGES = 64  # per call
 SERVED_TEXTS = 8  # per request
 SERVED_IMAGES = 8  # per request (gRPC)
+SERVED_PASS = 16  # texts a forward pass, in process, beside the served rows: what 2 of 4 clients' requests make
 CLIENTS = (1, 4)
 
 
@@ -88,13 +90,17 @@ def served_runs(served: dict, protocols: tuple) -> list[tuple]:
     ]
 
 
-def measure_texts(args, export: str, models: dict, served: dict) -> dict:
+def measure_texts(args, export: str, models: dict, served: dict, small_passes: dict) -> dict:
+    """`small_passes`: models at the served Flows' merged pass (not the reference for served rows)."""
     texts = [CAPTION] * FASTEMBED_BATCH
     measures = {
         name: (lambda m=model: sustained_rate(lambda: m.embed_texts(texts), len(texts), args.seconds))
-        for name, model in models.items()
+        for name, model in {**models, **small_passes}.items()
     }
     backend_of = {name: model.backend.name for name, model in models.items()}
+    backend_of.update(
+        {name: f'{model.backend.name}@{model.pipeline.minibatch_size}' for name, model in small_passes.items()}
+    )
     request = [CAPTION] * SERVED_TEXTS
     windows = {}  # a served row's forward passes, window by window
     for backend, flow, protocol, clients in served_runs(served, PROTOCOLS):
@@ -197,15 +203,18 @@ def main() -> None:
         onnx = Model(args.model, backend='onnx', model_path=str(export))
         torch = Model(args.model, backend='torch')
         models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
+        # the torch Flow's clients (4 x 8 captions) give its passes at most 32 rows, often 16 (served_passes)
+        small = Model(args.model, backend='torch', batch_size=SERVED_PASS)
+        small_passes = {f'clipserve torch ({small.precision}), {SERVED_PASS} a pass': small}
         with contextlib.ExitStack() as flows:
             served = {}
             if not args.no_served:  # both Flows up at once: an idle one takes no CPU
                 served['onnx'] = flows.enter_context(Served(args.model, 'onnx', str(export)))
                 served['torch'] = flows.enter_context(Served(args.model, 'torch'))
-            texts = measure_texts(args, export, models, served)
+            texts = measure_texts(args, export, models, served, small_passes)
             images = measure_images(args, export, models, Path(scratch) / 'jpegs', served)
-        onnx.close()
-        torch.close()
+        for model in (onnx, torch, small):
+            model.close()
 
     results = {
         'model': args.model,
