@@ -110,15 +110,19 @@ def measure_texts(args, export: str, models: dict, served: dict, small_passes: d
             f, p, c, request, args.seconds, passes=w
         )
         backend_of[name] = backend
-    with FastEmbedProcess(export, CAPTION) as fastembed:
+    return against_fastembed(FastEmbedProcess(export, CAPTION), args, measures, backend_of, windows, 'texts')
+
+
+def against_fastembed(fastembed, args, measures: dict, backend_of: dict, windows: dict, kind: str) -> dict:
+    """Every measure between two windows of `fastembed` (its process, not yet started), as the results of `kind`."""
+    with fastembed:
         ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
         check = fastembed.check
-    of_model = of_model_in_process(ratios, backend_of)
     return {
         'rates': rates,
         'vs_fastembed': ratios,
-        'vs_model_in_process': of_model,
-        'served_passes': {name: median_passes(found, 'texts') for name, found in windows.items()},
+        'vs_model_in_process': of_model_in_process(ratios, backend_of),
+        'served_passes': {name: median_passes(found, kind) for name, found in windows.items()},
         'fastembed_check': check,
     }
 
@@ -144,17 +148,8 @@ def measure_images(args, export: str, models: dict, image_dir: Path, served: dic
         windows[name] = []
         measures[name] = lambda f=flow, c=clients, w=windows[name]: images_rate(f, c, request, args.seconds, passes=w)
         backend_of[name] = backend
-    with FastEmbedImagesProcess(export, str(image_dir)) as fastembed:
-        ratios, rates = bracketed(lambda: fastembed.rate(args.seconds), measures, args.rounds)
-        check = fastembed.check
-    of_model = of_model_in_process(ratios, backend_of)
-    return {
-        'rates': rates,
-        'vs_fastembed': ratios,
-        'vs_model_in_process': of_model,
-        'served_passes': {name: median_passes(found, 'images') for name, found in windows.items()},
-        'fastembed_check': check,
-    }
+    fastembed = FastEmbedImagesProcess(export, str(image_dir))
+    return against_fastembed(fastembed, args, measures, backend_of, windows, 'images')
 
 
 def table(results: dict) -> str:
