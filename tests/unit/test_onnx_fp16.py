@@ -8,7 +8,6 @@ fp16 ONNX on CUDA only), so the converted graphs are run here with optimisations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +106,7 @@ def test_two_processes_converting_at_once_convert_once(source, tmp_path):
         'from pathlib import Path\n'
         'logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n'
         'from clipserve.backends.onnx.fp16 import fp16_copy\n'
+        'print("ready", flush=True)\n'
         f'while not os.path.exists({str(gate)!r}): time.sleep(0.005)\n'
         f'print(fp16_copy(Path({str(source)!r})))\n'
     )
@@ -114,7 +114,7 @@ def test_two_processes_converting_at_once_convert_once(source, tmp_path):
         subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    time.sleep(3)  # both imported and waiting at the gate
+    assert [p.stdout.readline().strip() for p in processes] == ['ready', 'ready']  # both imported, at the gate
     gate.touch()
     outputs = [p.communicate(timeout=300) for p in processes]
     assert all(p.returncode == 0 for p in processes), outputs

@@ -169,9 +169,11 @@ def test_rss_is_sampled_over_time_for_each_process_until_it_goes():
     child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.6)'])
     me = os.getpid()
     with RssSampler({'me': me, 'child': child.pid}, interval=0.05) as sampler:
-        time.sleep(0.3)
         child.wait()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60  # a bound for a loaded machine, not a timing
+        while len(sampler.samples) < 8 or 'child' in sampler.samples[-1][1]:
+            assert time.monotonic() < deadline, sampler.samples
+            time.sleep(0.05)
     assert len(sampler.samples) >= 8
     times = [t for t, _, _ in sampler.samples]
     assert times == sorted(times)

@@ -5,7 +5,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -203,6 +202,7 @@ def test_replicas_starting_together_build_one_engine(tmp_path):
         'import os, sys, time\n'
         'from pathlib import Path\n'
         'from clipserve.backends.tensorrt.cache import EngineKey, load_or_build\n'
+        'print("ready", flush=True)\n'
         f'while not os.path.exists({str(gate)!r}): time.sleep(0.005)\n'
         'def build():\n'
         '    print("building", flush=True)\n'
@@ -212,7 +212,7 @@ def test_replicas_starting_together_build_one_engine(tmp_path):
         'print("built" if why else "loaded")\n'
     )
     processes = [subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(2)  # both imported and waiting at the gate
+    assert [p.stdout.readline().strip() for p in processes] == ['ready', 'ready']  # both imported, at the gate
     gate.touch()
     outputs = sorted(p.communicate(timeout=120)[0].split() for p in processes)
     assert all(p.returncode == 0 for p in processes)
