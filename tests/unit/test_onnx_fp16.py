@@ -114,7 +114,8 @@ def test_two_processes_converting_at_once_convert_once(source, tmp_path):
         subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
-    assert [p.stdout.readline().strip() for p in processes] == ['ready', 'ready']  # both imported, at the gate
+    ready = [p.stdout.readline().strip() for p in processes]  # both imported, at the gate
+    assert ready == ['ready', 'ready'], [p.communicate(timeout=60) for p in processes]  # a child that failed: why
     gate.touch()
     outputs = [p.communicate(timeout=300) for p in processes]
     assert all(p.returncode == 0 for p in processes), outputs
