@@ -246,9 +246,41 @@ def request_overhead(results: dict, path: Path) -> bool:
     return figure(path, draw, ncols=2, figsize=(12, 3.5))
 
 
+def pass_size(results: dict, path: Path) -> bool:
+    """Texts/s by rows a pass, and the time to read the text tower's weights in float32 and bfloat16."""
+
+    def draw(axes):
+        passes = results['passes']
+        axes[0].bar(list(passes), [p['texts_per_s'] for p in passes.values()], color='C0')
+        axes[0].set_xlabel('rows a pass')
+        axes[0].set_ylabel('texts/s')
+        axes[0].set_title(f'torch texts, {results["precision"]}', fontsize=9)
+        weights, rows = results['weights'], results['tokens_per_caption']
+        at = range(len(weights))
+        axes[1].bar([i - 0.2 for i in at], [w['ms'] for w in weights.values()], 0.4, label=f'{rows} rows')
+        axes[1].bar([i + 0.2 for i in at], [w['ms_4x_rows'] for w in weights.values()], 0.4, label=f'{4 * rows} rows')
+        axes[1].set_xticks(list(at), list(weights))
+        axes[1].set_ylabel('ms')
+        axes[1].set_title("the text tower's weight matrices times the rows", fontsize=9)
+        axes[1].legend(fontsize=7)
+
+    return figure(path, draw, ncols=2, figsize=(10, 3.5))
+
+
 DRAWERS = {
     f.__name__: f
-    for f in (serving, precision, late_interaction, bulk, search, rerank, overload, in_process, request_overhead)
+    for f in (
+        serving,
+        precision,
+        late_interaction,
+        bulk,
+        search,
+        rerank,
+        overload,
+        in_process,
+        request_overhead,
+        pass_size,
+    )
 }
 
 

@@ -66,3 +66,19 @@ def test_fastembed_tokenizer_files_tokenize_as_clipserve(tmp_path):
         assert encoded[row].attention_mask == ours.attention_mask[row, : len(encoded[row].ids)].tolist(), text
     assert max(len(e.ids) for e in encoded) == 77  # padded to the longest, which is truncated to the context
     assert {e.ids[-1] for e in encoded if sum(e.attention_mask) == 77} == {49407}  # truncated rows end in <eot>
+
+
+def test_pass_size_reads_every_weight_matrix_of_the_text_tower_in_each_precision(tiny_backend):
+    import torch
+
+    from benchmarks.pass_size import text_weights, weight_reads
+
+    weights = text_weights(tiny_backend)
+    tower = tiny_backend.model.transformer
+    matrices = [p for name, p in tower.named_parameters() if p.ndim == 2]
+    assert weights and len(weights) == len(matrices)  # in_proj, out_proj, c_fc, c_proj of every block
+    run32, mb32 = weight_reads(weights, 3, torch.float32)
+    run16, mb16 = weight_reads(weights, 3, torch.bfloat16)
+    assert mb32 == pytest.approx(sum(p.numel() for p in matrices) * 4 / 1e6) and mb16 == pytest.approx(mb32 / 2)
+    run32(), run16()  # each multiplies rows of every weight matrix's width without a shape error
+    assert text_weights(object()) == []  # a model without open_clip's text transformer: no weights measure
