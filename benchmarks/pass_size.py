@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 from benchmarks import plots
-from benchmarks.common import machine, markdown_table, save
+from benchmarks.common import machine, markdown_table, save, sustained_rate
 
 CAPTION = 'a photo of a small brown dog running on the beach'
 ROWS = (1, 8, 16, 32, 256)
@@ -31,12 +30,7 @@ ROWS = (1, 8, 16, 32, 256)
 
 def per_call_ms(fn, seconds: float) -> float:
     """Milliseconds per call of `fn`, called back to back for `seconds` (after one warm-up call)."""
-    fn()
-    calls, started = 0, time.perf_counter()
-    while calls < 3 or time.perf_counter() - started < seconds:
-        fn()
-        calls += 1
-    return (time.perf_counter() - started) / calls * 1000
+    return 1000 / sustained_rate(fn, 1, seconds)
 
 
 def text_weights(backend) -> list:
