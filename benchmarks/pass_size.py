@@ -60,17 +60,18 @@ def measure(model, rounds: int, seconds: float) -> dict:
     import torch
 
     backend = model.backend
-    ids = np.asarray(backend.tokenizer([CAPTION] * max(ROWS)).input_ids)
-    tokens = int((ids[0] != 0).sum())
+    batch = backend.tokenizer([CAPTION] * max(ROWS))
+    ids, tokens = np.asarray(batch.input_ids), int(np.asarray(batch.attention_mask)[0].sum())
     passes = {rows: (lambda rows=rows: backend.encode_texts(ids[:rows])) for rows in ROWS}
     weights = text_weights(backend)
     reads = {
         (str(d).removeprefix('torch.'), rows): weight_reads(weights, rows, d)
         for d in (torch.float32, torch.bfloat16)
         for rows in (tokens, 4 * tokens)
+        if weights
     }
     pass_ms = {rows: [] for rows in ROWS}
-    read_ms = {key: [] for key in reads} if weights else {}
+    read_ms = {key: [] for key in reads}
     for _ in range(rounds):
         for rows, fn in passes.items():
             pass_ms[rows].append(per_call_ms(fn, seconds))
