@@ -2,6 +2,7 @@
 (edge.py), the same in a process of its own (worker.py, what the indexer runs) and qdrant-client's in-process
 mode (server.py, the Qdrant-server path: no server runs here). Real engines, real files."""
 
+import json
 import os
 import select
 import signal
@@ -45,7 +46,7 @@ def test_write_search_update_delete_clear(kind, tmp_path):
     try:
         x = vectors(50)
         store.upsert([Point(f'doc-{i}', x[i], {'text': f'caption {i}', 'tags': {'i': float(i)}}) for i in range(50)])
-        assert store.count() == 50 and store.settings.dim == 16 and store.settings.multi_vector is False
+        assert store.count() == 50 and store.settings.dim == 16 and store.settings.pages is False
         hits = store.search([x[7], x[9]], 3)
         assert [h[0].document_id for h in hits] == ['doc-7', 'doc-9']
         assert hits[0][0].payload == {'text': 'caption 7', 'tags': {'i': 7.0}} and hits[0][0].score == pytest.approx(
@@ -90,7 +91,7 @@ def test_pages_of_vectors_are_searched_by_maxsim_in_the_exact_order(kind, tmp_pa
     store = open_store(kind, tmp_path / 'pages')
     try:
         store.upsert([Point(f'page-{i}', page, {}) for i, page in enumerate(pages)])
-        assert store.settings.multi_vector is True and store.settings.metric == 'inner_product'
+        assert store.settings.pages is True and store.settings.metric == 'inner_product'
         exact = maxsim(queries, pages)
         for q, hits in enumerate(store.search(queries, 10)):
             want = [f'page-{i}' for i in np.argsort(-exact[q], kind='stable')[:10]]
@@ -116,7 +117,9 @@ def test_the_embedded_index_reopens_with_its_settings_and_every_point(kind, tmp_
     try:
         assert again.count() == 30
         assert (again.settings.metric, again.settings.dim, again.settings.ef_search) == ('euclidean', 16, 64)
-        assert again.settings.columns == (('c', 'str'),)
+        assert again.settings.columns == (('c', 'str'),) and again.settings.pages is False
+        saved = json.loads((tmp_path / 'index' / 'collection.json').read_text())  # last rounds' indexes read alike
+        assert saved['multi_vector'] is False and 'pages' not in saved and again.status()['multi_vector'] is False
     finally:
         again.close()
 

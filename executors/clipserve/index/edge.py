@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from clipserve.errors import VectorStoreError
 from clipserve.index.points import Hit, Point, hit_from, point_id
-from clipserve.index.store import METRICS, CollectionSettings, VectorStore, page_metric, vector_kind
+from clipserve.index.store import (
+    METRICS,
+    CollectionSettings,
+    VectorStore,
+    page_metric,
+    public_settings,
+    saved_settings,
+    vector_kind,
+)
 
 SETTINGS_FILE = 'collection.json'
 SHARD_FOLDER = 'shard'
@@ -81,7 +89,7 @@ class EdgeStore(VectorStore):
         size, page = vector_kind(points)
         if self._shard is None:
             self._create(size, page)
-        self.check_dim(size, page, self.settings.dim, self.settings.multi_vector)
+        self.check_dim(size, page, self.settings.dim, self.settings.pages)
         rows = [
             qe.Point(id=p.id, vector=np.asarray(p.vector, dtype=np.float32).tolist(), payload=p.full_payload())
             for p in points
@@ -91,10 +99,8 @@ class EdgeStore(VectorStore):
 
     def _create(self, size: int, page: bool) -> None:
         settings = self.settings
-        self.check_dim(size, page, settings.dim, settings.multi_vector)
-        self.settings = settings = replace(
-            settings, dim=size, multi_vector=page, metric=page_metric(settings.metric, page)
-        )
+        self.check_dim(size, page, settings.dim, settings.pages)
+        self.settings = settings = replace(settings, dim=size, pages=page, metric=page_metric(settings.metric, page))
         self._guarded(
             'write', lambda: _write_settings(self.folder / SETTINGS_FILE, settings)
         )  # first: a reopen reads it
@@ -156,7 +162,7 @@ class EdgeStore(VectorStore):
             'count': info.points_count if info else 0,
             'indexed': info.indexed_vectors_count if info else 0,
             'segments': info.segments_count if info else 0,
-            **_public(self.settings),
+            **public_settings(self.settings),
         }
 
     def unindexed(self) -> int:
@@ -200,7 +206,7 @@ class EdgeStore(VectorStore):
 
 def _edge_config(settings: CollectionSettings):
     qe = _engine()
-    multivector = qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim) if settings.multi_vector else None
+    multivector = qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim) if settings.pages else None
     quantization = (
         qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, quantile=0.99, always_ram=True)
         if settings.quantization == 'int8'
@@ -241,22 +247,14 @@ def edge_filter(condition: dict):
     raise VectorStoreError(f'a filter condition the embedded index cannot read: {condition!r}')
 
 
-def _public(settings: CollectionSettings) -> dict:
-    out = asdict(settings)
-    out['columns'] = [list(c) for c in settings.columns]
-    return out
-
-
 def _write_settings(path: Path, settings: CollectionSettings) -> None:
-    path.write_text(json.dumps(_public(settings), indent=2))
+    path.write_text(json.dumps(public_settings(settings), indent=2))
 
 
 def _read_settings(path: Path, given: CollectionSettings) -> CollectionSettings:
     """The settings an index was made with; the search-time ones (ef_search) stay the caller's."""
     try:
-        saved = json.loads(path.read_text())
-        saved['columns'] = tuple(tuple(c) for c in saved.get('columns') or ())
-        kept = CollectionSettings(**saved)
+        kept = saved_settings(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError) as error:
         raise VectorStoreError(f'{path} cannot be read ({error}): is this a clipserve index?') from None
     return replace(kept, ef_search=given.ef_search)

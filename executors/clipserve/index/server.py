@@ -15,7 +15,7 @@ import numpy as np
 
 from clipserve.errors import VectorStoreError
 from clipserve.index.points import Hit, Point, hit_from, point_id
-from clipserve.index.store import METRICS, CollectionSettings, VectorStore, page_metric, vector_kind
+from clipserve.index.store import METRICS, CollectionSettings, VectorStore, page_metric, public_settings, vector_kind
 
 LOCAL_PREFIX = 'local:'
 
@@ -65,7 +65,7 @@ class ServerStore(VectorStore):
             given,
             dim=int(vectors.size),
             metric=metric or given.metric,
-            multi_vector=vectors.multivector_config is not None,
+            pages=vectors.multivector_config is not None,
         )
 
     # ---- writes ---------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ class ServerStore(VectorStore):
         size, page = vector_kind(points)
         if not self._exists:
             self._create(size, page)
-        self.check_dim(size, page, self.settings.dim, self.settings.multi_vector)
+        self.check_dim(size, page, self.settings.dim, self.settings.pages)
         _, models = _client_module()
         rows = [
             models.PointStruct(
@@ -105,13 +105,13 @@ class ServerStore(VectorStore):
         if self._exists:
             self._guarded('clear', lambda: self.client.delete_collection(self.collection))
             self._exists = False
-            self._create(self.settings.dim, bool(self.settings.multi_vector))
+            self._create(self.settings.dim, bool(self.settings.pages))
 
     def _create(self, size: int, page: bool) -> None:
         _, models = _client_module()
-        self.check_dim(size, page, self.settings.dim, self.settings.multi_vector)
+        self.check_dim(size, page, self.settings.dim, self.settings.pages)
         self.settings = settings = replace(
-            self.settings, dim=size, multi_vector=page, metric=page_metric(self.settings.metric, page)
+            self.settings, dim=size, pages=page, metric=page_metric(self.settings.metric, page)
         )
         vectors = models.VectorParams(
             size=size,
@@ -184,8 +184,7 @@ class ServerStore(VectorStore):
             'collection': self.collection,
             'count': self.count(),
             'indexed': int(getattr(info, 'indexed_vectors_count', 0) or 0) if info else 0,
-            **{k: v for k, v in vars(self.settings).items() if k != 'columns'},
-            'columns': [list(c) for c in self.settings.columns],
+            **public_settings(self.settings),
         }
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ written: an encoder's output decides them, not the operator.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -30,8 +30,28 @@ class CollectionSettings:
     ef_construct: int = 200  # HNSW candidates while building (AnnLite's ef_construction)
     ef_search: int = 128  # HNSW candidates while searching (AnnLite's ef_search / ef_query)
     quantization: str = 'none'  # or 'int8' (scalar quantization, originals kept for rescoring)
-    multi_vector: bool | None = None  # None: from the first points (a 2-d vector is a page)
+    pages: bool | None = None  # a page of vectors per point (late interaction); None: from the first points
     columns: tuple[tuple[str, str], ...] = ()  # (tag, 'str' | 'int' | 'float'): payload indexes for filters
+
+
+#: the name operators see for `pages` (/status, an embedded index's collection.json): Qdrant's multivector
+PAGES_KEY = 'multi_vector'
+
+
+def public_settings(settings: CollectionSettings) -> dict:
+    """The settings as /status shows them and an embedded index saves them (JSON: lists, the public names)."""
+    out = asdict(settings)
+    out[PAGES_KEY] = out.pop('pages')
+    out['columns'] = [list(c) for c in settings.columns]
+    return out
+
+
+def saved_settings(saved: dict) -> CollectionSettings:
+    """`public_settings` read back; TypeError or ValueError when it is not such a dict."""
+    saved = dict(saved)
+    saved['pages'] = saved.pop(PAGES_KEY, None)
+    saved['columns'] = tuple(tuple(c) for c in saved.get('columns') or ())
+    return CollectionSettings(**saved)
 
 
 def page_metric(metric: str, page: bool) -> str:
@@ -109,17 +129,17 @@ class VectorStore(ABC):
                     f'the query is a {size}-dimensional embedding, the index holds {settings.dim}-dimensional ones: '
                     'search with the model the index was built with'
                 )
-            if settings.multi_vector is not None and page != settings.multi_vector:
-                wanted = 'a page of vectors' if settings.multi_vector else 'one vector'
+            if settings.pages is not None and page != settings.pages:
+                wanted = 'a page of vectors' if settings.pages else 'one vector'
                 raise InvalidParameterError(f'the index holds {wanted} per document; the query is not that')
 
-    def check_dim(self, size: int, page: bool, dim: int | None, multi_vector: bool | None) -> None:
+    def check_dim(self, size: int, page: bool, dim: int | None, pages: bool | None) -> None:
         """VectorStoreError when points of `size` (a page or not) cannot go into a collection of `dim`."""
         if dim is not None and size != dim:
             raise VectorStoreError(
                 f'the documents carry {size}-dimensional embeddings, the index holds {dim}-dimensional ones: '
                 'index with the model the index was built with, or into a new index (another path or collection)'
             )
-        if multi_vector is not None and page != multi_vector:
+        if pages is not None and page != pages:
             kinds = ('one vector per document', 'a page of vectors per document (late interaction)')
-            raise VectorStoreError(f'the documents carry {kinds[page]}, the index holds {kinds[multi_vector]}')
+            raise VectorStoreError(f'the documents carry {kinds[page]}, the index holds {kinds[pages]}')

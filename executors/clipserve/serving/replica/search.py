@@ -144,12 +144,12 @@ def search_options(parameters: dict | None, settings) -> SearchOptions:
 
 
 def score_name(collection: CollectionSettings) -> str:
-    return 'maxsim' if collection.multi_vector else collection.metric
+    return 'maxsim' if collection.pages else collection.metric
 
 
 def match_score(collection: CollectionSettings, engine_score: float) -> float:
     """AnnLite's value for the engine's score: a distance (smaller is closer), except MaxSim (larger is)."""
-    if collection.multi_vector or collection.metric == 'euclidean':
+    if collection.pages or collection.metric == 'euclidean':
         return float(engine_score)
     return 1.0 - float(engine_score)
 
@@ -187,7 +187,7 @@ def search_result(collection: CollectionSettings, options: SearchOptions) -> dic
     return {
         SEARCH_RESULT: {
             'score': score_name(collection),
-            'descending': bool(collection.multi_vector),
+            'descending': bool(collection.pages),
             'limit': options.limit,
             'access_paths': options.access_paths,
         }
