@@ -85,7 +85,7 @@ def timed(fn, items: int, min_seconds: float):
 def model_only(folder: Path, args, page_data: list[bytes], texts: list[str]):
     """(figures, page vectors, query vectors) of clipserve's torch backend, in this process."""
     from clipserve.backends import BackendOptions, create_backend
-    from clipserve.engine.multi_vector import token_rows
+    from clipserve.engine.token_vectors import token_rows
     from clipserve.models.preprocess import preprocess_bytes
 
     reset_peak()
@@ -211,8 +211,8 @@ def storage_effect(args) -> dict:
     """Top-10 agreement with fp32 unpooled MaxSim, and bytes per page, of pooled and quantized page vectors."""
     from clipserve.backends import BackendOptions, create_backend
     from clipserve.engine import ranking, vector_storage
-    from clipserve.engine.multi_vector import token_rows
     from clipserve.engine.token_pooling import pool_tokens
+    from clipserve.engine.token_vectors import token_rows
     from clipserve.models.preprocess import preprocess_bytes
 
     kind, size = args.quality_kind, args.quality_size

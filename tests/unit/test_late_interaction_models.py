@@ -2,7 +2,7 @@
 the tests (tests/late_interaction_folders.py), tokenized, preprocessed, embedded and scored as transformers' own
 processor (with its PIL image processor), model and `processor.score_retrieval` do it; what clipserve decides
 itself (right padding, the cut of a long query, the output's fixed token rows, bf16 on both towers) and the
-refusals. MaxSim's own math is tests/unit/test_multi_vector.py's; the served doors are
+refusals. MaxSim's own math is tests/unit/test_token_vectors.py's; the served doors are
 tests/integration/test_late_interaction_flow.py's."""
 
 import json
@@ -14,7 +14,7 @@ from PIL import Image
 
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.engine import ranking
-from clipserve.engine.multi_vector import token_rows
+from clipserve.engine.token_vectors import token_rows
 from clipserve.errors import UnknownModelError
 from clipserve.models.names import parse_model_name
 from clipserve.models.preprocess import ImageError, preprocess_image
@@ -68,9 +68,12 @@ def _pixels(backend, images):
 
 def test_the_facts_come_from_the_checkpoints_files(folders):
     colpali = resolve(parse_model_name(f'transformers:{folders["colpali"]}'))
-    assert colpali.family == 'late-interaction' and colpali.multi_vector and colpali.embed_dim == EMBEDDING_DIM
+    assert (
+        colpali.family == 'late-interaction' and colpali.output.late_interaction and colpali.embed_dim == EMBEDDING_DIM
+    )
     assert colpali.preprocess.resize_mode == 'squash' and colpali.preprocess.image_size == 32
-    assert colpali.image_tokens == 16 + len(colpali.model_cfg['image_prompt']['suffix_ids'])  # <image> x 16, prompt
+    suffix = colpali.model_cfg['image_prompt']['suffix_ids']
+    assert colpali.output.image_tokens == 16 + len(suffix)  # <image> x 16, then the prompt
     assert colpali.text.prompt_prefix == '<bos>Question: ' and colpali.text.prompt_suffix == '<pad>' * 10 + '\n'
     qwen = resolve(parse_model_name(f'transformers:{folders["colqwen2"]}'))
     config = qwen.preprocess
@@ -87,7 +90,7 @@ def test_the_facts_come_from_the_checkpoints_files(folders):
 @pytest.mark.parametrize('kind', LATE_TYPES)
 def test_queries_tokenize_and_embed_as_the_processor_and_model_do(backends, references, kind):
     backend, (processor, model) = backends[kind], references[kind]
-    assert backend.multi_vector and backend.trims_padding
+    assert backend.output.late_interaction and backend.trims_padding
     tokens = backend.tokenizer(QUERIES)
     for row, query in enumerate(QUERIES):
         want = processor.process_queries([query])

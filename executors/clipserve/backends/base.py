@@ -2,7 +2,7 @@
 
 A multi-vector (late-interaction) backend gives a [tokens, D] array per row instead of one [D] vector:
 [B, image_tokens, D] for images, [B, context_length, D] for texts, each row's padding tokens as zero rows
-after its own (the engine drops them per document: engine/multi_vector.py).
+after its own (the engine drops them per document: engine/token_vectors.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from clipserve.backends.precision import Precision
+from clipserve.models.outputs import OneVectorOutput, Output
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.tokenizer import TokenBatch
 
@@ -65,10 +66,8 @@ class Backend(ABC):
     #: In process (engine/model.py), the rows a text pass takes on a CPU when the caller does not say:
     #: PyTorch runs larger text batches faster there, onnxruntime does not (benchmarks/in_process.py).
     cpu_text_batch: int = 32
-    #: Late interaction (ColPali, ColQwen2): one vector per token, scored by MaxSim; `image_tokens` is
-    #: then the rows of an image's output (the most tokens an image has), texts have `context_length`
-    multi_vector: bool = False
-    image_tokens: int = 0
+    #: What one input's embedding is: one vector, or (late interaction) a [tokens, D] array (models/outputs.py)
+    output: Output = OneVectorOutput()
 
     def __init__(self):
         self._counter_lock = threading.Lock()
@@ -87,10 +86,8 @@ class Backend(ABC):
         return self.preprocess.image_size
 
     def output_shape(self, kind: str) -> tuple[int, ...]:
-        """One row's output for `kind` ('images' or 'texts'): (D,), or (tokens, D) when multi-vector."""
-        if not self.multi_vector:
-            return (self.embed_dim,)
-        return (self.image_tokens if kind == 'images' else self.context_length, self.embed_dim)
+        """One row's output for `kind` ('images' or 'texts'): (D,), or (tokens, D) for late interaction."""
+        return self.output.row_shape(kind, self.embed_dim, self.context_length)
 
     def encode_images(self, pixels: np.ndarray) -> np.ndarray:
         """float32 [B, 3, S, S] normalised pixels -> float32 [B, D] unnormalised embeddings."""
@@ -99,7 +96,7 @@ class Backend(ABC):
         step = self.cpu_image_chunk if self.device == 'cpu' else (self.max_batch or len(pixels))
         out = _in_chunks(self._encode_images, step, pixels)
         self._count(images=len(pixels))
-        return np.ascontiguousarray(self._token_rows(out, 'images'), dtype=np.float32)
+        return np.ascontiguousarray(self.output.fit(out, 'images', self.context_length), dtype=np.float32)
 
     def encode_texts(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
         """int64 [B, L] token ids (<sot> ... <eot>, zero padded) -> float32 [B, D] unnormalised embeddings.
@@ -130,16 +127,7 @@ class Backend(ABC):
         attention_mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
         out = _in_chunks(self._encode_texts, self.max_batch or len(input_ids), input_ids, attention_mask)
         self._count(texts=len(input_ids))
-        return np.ascontiguousarray(self._token_rows(out, 'texts'), dtype=np.float32)
-
-    def _token_rows(self, out: np.ndarray, kind: str) -> np.ndarray:
-        """A multi-vector output padded with zero rows to its kind's fixed token count (texts were trimmed)."""
-        if not self.multi_vector:
-            return out
-        rows = self.output_shape(kind)[0]
-        if out.shape[1] > rows:
-            raise ValueError(f'the model gave {out.shape[1]} token rows per {kind[:-1]}, over {rows}')
-        return np.pad(out, ((0, 0), (0, rows - out.shape[1]), (0, 0))) if out.shape[1] < rows else out
+        return np.ascontiguousarray(self.output.fit(out, 'texts', self.context_length), dtype=np.float32)
 
     @abstractmethod
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:

@@ -58,8 +58,10 @@ TOKEN_ENV = environment.AUTH_TOKEN.name
 # Request parameter: write each text document's token count into its tags (the gateway's OpenAI-style
 # routes ask for it to report `usage`); the tag's name is endpoints.TOKEN_COUNT_TAG.
 TOKEN_COUNTS_PARAMETER = 'token_counts'
-# a late-interaction model's encode must ask for [tokens, dim] (serving/replica/multi_vector.py)
-MULTI_VECTOR_PARAMETER = 'multi_vector'
+# The public name of late interaction ([tokens, dim] per input): the request parameter a late-interaction
+# model's encode must carry (serving/replica/late_interaction.py), and the field that marks such a model in a
+# replica's /clipserve/info and the gateway's /v1/models.
+MULTI_VECTOR = 'multi_vector'
 
 
 @dataclass(frozen=True)

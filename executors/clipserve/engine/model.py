@@ -76,7 +76,7 @@ class Model:
             device=device, dtype=None if dtype in (None, '', 'auto') else dtype, num_threads=threads
         )
         self.backend = create_backend(backend, name, options, model_path=model_path or None, max_batch=batch_size)
-        if self.backend.multi_vector:
+        if self.backend.output.late_interaction:
             self.backend.close()
             raise UnknownModelError(
                 f'{name} is a late-interaction model (a [tokens, dim] matrix per input): Model embeds one vector per '

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clipserve.engine import ranking
-from clipserve.engine.multi_vector import as_vectors, token_rows
+from clipserve.engine.token_vectors import as_vectors, token_rows
 
 MAXSIM_SCORE = 'maxsim_score'
 
@@ -29,7 +29,6 @@ class OneVector:
     """One vector per input, ranked by clip_score (softmax over the query's matches) and its cosine; a SigLIP
     model's matches also get siglip_score, the model's own probability."""
 
-    multi_vector = False
     score_names = ('clip_score', 'clip_score_cosine', 'siglip_score')
 
     def rows(self, out: np.ndarray) -> np.ndarray:
@@ -55,7 +54,6 @@ class OneVector:
 class TokenVectors:
     """A [tokens, D] array per input (its padding rows dropped), ranked by MaxSim against the query's."""
 
-    multi_vector = True
     score_names = (MAXSIM_SCORE,)
 
     def rows(self, out: np.ndarray) -> list[np.ndarray]:
@@ -76,5 +74,5 @@ class TokenVectors:
 
 
 def output_kind(backend) -> OneVector | TokenVectors:
-    """The kind of a loaded model's output (its backend says whether it is late interaction)."""
-    return TokenVectors() if backend.multi_vector else OneVector()
+    """The ranking strategy of a loaded model's output (models/outputs.py: one vector, or a vector per token)."""
+    return TokenVectors() if backend.output.late_interaction else OneVector()

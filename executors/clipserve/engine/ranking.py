@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clipserve.engine.multi_vector import pad_vectors
+from clipserve.engine.token_vectors import pad_vectors
 
 LOGIT_SCALE = 100.0
 _EPS = 1e-7
@@ -59,7 +59,7 @@ def maxsim(queries: Sequence[np.ndarray], pages: Sequence[np.ndarray]) -> np.nda
     """Late interaction's score of every query against every page, [Q, N] float64: for each of a query's
     vectors [L_q, D], the best dot product over the page's vectors [T_n, D], summed over the query's vectors.
 
-    Batched: queries and pages are padded into two arrays with masks (multi_vector.pad_vectors), one matrix
+    Batched: queries and pages are padded into two arrays with masks (token_vectors.pad_vectors), one matrix
     product gives every query vector against every page vector of a chunk of pages, padded page vectors
     never win the max (-inf) and padded query vectors add nothing; no Python loop per pair.
     """

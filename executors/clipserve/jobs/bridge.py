@@ -106,7 +106,7 @@ def load_model(
 
     options = BackendOptions(device=device, dtype=None if dtype in (None, '', 'auto') else dtype, num_threads=threads)
     loaded = create_backend(backend, model, options, model_path=model_path or None, max_batch=batch_size)
-    if loaded.multi_vector:
+    if loaded.output.late_interaction:
         from clipserve.errors import UnknownModelError
 
         loaded.close()

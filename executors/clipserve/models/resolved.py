@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clipserve.models.names import OPEN_CLIP_FAMILY, ModelName
+from clipserve.models.outputs import Output, declared_output
 from clipserve.models.preprocess import PreprocessConfig
 from clipserve.models.text_spec import TextSpec
 
@@ -37,11 +38,6 @@ class ResolvedModel:
         return self.text.context_length
 
     @property
-    def multi_vector(self) -> bool:
-        """Late interaction (ColPali, ColQwen2): a [tokens, dim] array per text or image, not one vector."""
-        return bool(self.model_cfg.get('multi_vector'))
-
-    @property
-    def image_tokens(self) -> int:
-        """Multi-vector models: the rows of an image's output (zero rows after an image's own tokens)."""
-        return int(self.model_cfg.get('image_tokens') or 0)
+    def output(self) -> Output:
+        """One vector per input, or (late interaction: ColPali, ColQwen2) a [tokens, dim] array per input."""
+        return declared_output(self.model_cfg)

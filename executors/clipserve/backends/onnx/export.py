@@ -122,7 +122,7 @@ def export_onnx(
     then hold the checkpoint's own code, truncation included).
     """
     resolved = resolve(parse_model_name(name), trust_remote_code, truncate_dim)
-    if resolved.multi_vector:
+    if resolved.output.late_interaction:
         raise ExportError(
             f'{name} is a late-interaction model (ColPali, ColQwen2): the torch backend serves it, there is no ONNX '
             'export (its pages run the whole language model, which two graphs would each hold; docs/late-interaction.md)'

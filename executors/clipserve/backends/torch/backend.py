@@ -52,7 +52,7 @@ class TorchBackend(Backend):
         if options.num_threads and self.device == 'cpu':
             torch.set_num_threads(options.num_threads)
         resolved = resolve(parse_model_name(model), options.trust_remote_code, options.truncate_dim)
-        if resolved.multi_vector and self.precision.images != self.precision.texts:
+        if resolved.output.late_interaction and self.precision.images != self.precision.texts:
             # a page runs the whole language model, which the queries share: one precision for both
             self.precision = dataclasses.replace(
                 self.precision,
@@ -75,8 +75,8 @@ class TorchBackend(Backend):
             self._cast_image_tower(TORCH_DTYPES[self.precision.images])
         self.sigmoid_logits = sigmoid_logits(self.model)
         self.trims_padding = self.text_tower.trimmed and trim_padding
-        self.multi_vector, self.image_tokens = resolved.multi_vector, resolved.image_tokens
-        if self.multi_vector and self.device == 'cpu':
+        self.output = resolved.output
+        if self.output.late_interaction and self.device == 'cpu':
             self.cpu_image_chunk = LATE_INTERACTION_CPU_CHUNK
 
     def _encode_images(self, pixels: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from clipserve.errors import BackendUnavailableError, UnknownModelError, WeightsUnavailableError
+from clipserve.models import outputs
 from clipserve.models.dtypes import TORCH_DTYPES
 from clipserve.models.families import late_interaction_files as files
 from clipserve.models.families.transformers_configs import CONFIG_FILE, read_json
@@ -52,7 +53,7 @@ def resolve(name: ModelName, folder: Path, kind: str, truncate_dim: int | None =
         model_cfg={
             'embed_dim': files.embedding_dim(folder),
             'model_type': kind,
-            'multi_vector': True,
+            outputs.CONFIG_KEY: True,
             'image_tokens': files.image_tokens(prompt, preprocess, image_seq_length),
             'image_prompt': prompt.as_dict(),
             'temporal_patch_size': int(image_cfg.get('temporal_patch_size') or 1),
@@ -85,7 +86,6 @@ class LateInteractionModel(torch.nn.Module):
     """ColPali / ColQwen2 behind the towers' interface: [B, tokens, dim] per batch of images or texts."""
 
     trims_text = True  # padding is masked out and each token has its own output
-    multi_vector = True
 
     def __init__(
         self, model: torch.nn.Module, kind: str, prompt: files.ImagePrompt, image_tokens: int, temporal=1, merge=1
@@ -175,7 +175,7 @@ def build(resolved: ResolvedModel, device: str, precision: str) -> torch.nn.Modu
     saved = resolved.model_cfg['image_prompt']
     prompt = files.ImagePrompt(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
     temporal, merge = resolved.model_cfg['temporal_patch_size'], resolved.preprocess.merge_size or 1
-    wrapped = LateInteractionModel(model, kind, prompt, resolved.image_tokens, temporal, merge)
+    wrapped = LateInteractionModel(model, kind, prompt, resolved.output.image_tokens, temporal, merge)
     wrapped = wrapped.to(device=device).eval()
     for parameter in wrapped.parameters():
         parameter.requires_grad_(False)

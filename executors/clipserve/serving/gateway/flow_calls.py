@@ -14,7 +14,7 @@ import asyncio
 import math
 
 from clipserve import errors
-from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, TOKEN_COUNTS_PARAMETER
+from clipserve.config.parameters import MULTI_VECTOR, TOKEN_COUNTS_PARAMETER
 from clipserve.models.names import canonical
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
@@ -135,7 +135,7 @@ def served_models(results: dict) -> list[answers.ServedModel]:
                 embed_dim=int(info['embed_dim']),
                 aliases=aliases,
                 default=default,
-                multi_vector=bool(info.get('multi_vector', False)),
+                late_interaction=bool(info.get(MULTI_VECTOR, False)),
             )
     return sorted(found.values(), key=lambda m: (not m.default, m.name))
 
@@ -176,13 +176,13 @@ async def embeddings(flow: FlowCalls, request: api.EmbeddingsRequest, timeout: f
     """`request` parsed (openai_api.parse_embeddings_request); `timeout`: the client's, in seconds."""
     model = await flow.resolve(request.model)
     api.check_dimensions(request.dimensions, model.name, model.embed_dim)
-    api.check_multivector(request.return_multivector, model.name, model.multi_vector)
+    api.check_multivector(request.return_multivector, model.name, model.late_interaction)
     ids = [f'input-{i}' for i in range(len(request.items))]
     docs = request_documents([item_document(item, doc_id) for item, doc_id in zip(request.items, ids)])
     params = {doc_id: f'input[{i}]' for i, doc_id in enumerate(ids)}
     parameters = parameters_for(timeout)
-    if model.multi_vector:
-        parameters = {**parameters, MULTI_VECTOR_PARAMETER: True}
+    if model.late_interaction:
+        parameters = {**parameters, MULTI_VECTOR: True}
     response = await flow.call(f'/encode/{model.name}', docs, parameters, params)
     answered = {d.id: d for d in response.docs}
     rows, tokens = [], 0
@@ -194,7 +194,7 @@ async def embeddings(flow: FlowCalls, request: api.EmbeddingsRequest, timeout: f
             )
         rows.append(doc.embedding)
         tokens += token_count(doc)
-    if model.multi_vector:  # the model's own vectors (ColPali's are unit length each), not one per input
+    if model.late_interaction:  # the model's own vectors (ColPali's are unit length each), not one per input
         return answers.multivector_response(rows, model.name, request.encoding_format, tokens)
     return answers.embeddings_response(answers.l2_normalise(rows), model.name, request.encoding_format, tokens)
 

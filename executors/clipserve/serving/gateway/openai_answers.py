@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clipserve.config.parameters import MULTI_VECTOR
 from clipserve.serving.gateway.openai_api import MODALITIES
 
 
@@ -106,7 +107,7 @@ class ServedModel:
     embed_dim: int
     aliases: tuple[str, ...] = ()  # other names it answers to (as configured, e.g. ViT-B/32)
     default: bool = False  # answers requests that name no model
-    multi_vector: bool = False  # late interaction: [tokens, dim] per input (return_multivector), MaxSim ranking
+    late_interaction: bool = False  # [tokens, dim] per input (return_multivector), MaxSim ranking
     modalities: tuple[str, ...] = MODALITIES
 
 
@@ -129,7 +130,7 @@ def models_response(
                 'modalities': list(m.modalities),
                 'aliases': list(m.aliases),
                 'default': m.default,
-                'multi_vector': m.multi_vector,
+                MULTI_VECTOR: m.late_interaction,
             }
             for m in models
         ],

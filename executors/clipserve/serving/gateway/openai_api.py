@@ -259,16 +259,16 @@ def parse_embeddings_request(body, max_image_bytes: int = 1 << 62, max_inputs: i
     )
 
 
-def check_multivector(asked: bool, model: str, multi_vector: bool) -> None:
+def check_multivector(asked: bool, model: str, late_interaction: bool) -> None:
     """A late-interaction model answers with [tokens, dim] per input, which an OpenAI client reading one vector
     would mistake: it is served only when asked for (`return_multivector`), and only by such a model."""
-    if asked and not multi_vector:
+    if asked and not late_interaction:
         raise bad_request(
             f"'return_multivector' is for late-interaction models (ColPali, ColQwen2); {model} gives one vector "
             'per input',
             'return_multivector',
         )
-    if multi_vector and not asked:
+    if late_interaction and not asked:
         raise bad_request(
             f'{model} is a late-interaction model: it gives one vector per token ([tokens, dim] per input), not '
             "one per input; send 'return_multivector': true to receive them",

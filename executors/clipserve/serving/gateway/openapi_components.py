@@ -4,6 +4,8 @@ answers; openapi_schema.py puts them in the paths."""
 
 from __future__ import annotations
 
+from clipserve.config.parameters import MULTI_VECTOR
+
 
 def ref(name: str) -> dict:
     return {'$ref': f'#/components/schemas/{name}'}
@@ -100,7 +102,7 @@ SCHEMAS = {
                         'modalities': {'type': 'array', 'items': ref('Modality')},
                         'aliases': {'type': 'array', 'items': {'type': 'string'}},
                         'default': {'type': 'boolean'},
-                        'multi_vector': {'type': 'boolean'},
+                        MULTI_VECTOR: {'type': 'boolean'},
                     },
                     'required': ['id', 'object', 'embedding_dimensions', 'modalities', 'default'],
                 },

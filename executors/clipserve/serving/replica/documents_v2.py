@@ -23,7 +23,7 @@ from clipserve.serving.jina.schemas import (
     ReadyReport,
     ReadyReports,
 )
-from clipserve.serving.replica import multi_vector
+from clipserve.serving.replica import late_interaction
 from clipserve.serving.replica.encoding import DocumentEncoder
 from clipserve.serving.replica.rank import rank
 
@@ -106,13 +106,13 @@ def encode_request(
     encoder: DocumentEncoder, docs, parameters: dict | None, default_paths: str, logger, deadline, pool_factor=1
 ):
     """/encode: embed every text and image document of the request in place (documents.DocumentEncoder); a
-    late-interaction model's only when asked, pages pooled by `pool_factor` (multi_vector.py)."""
+    late-interaction model's only when asked, pages pooled by `pool_factor` (late_interaction.py)."""
     options = request_options(parameters, default_paths, logger)
     check_roots(options.access_paths)
     shown = views(docs)
-    pool = multi_vector.encode_options(encoder.backend, parameters, pool_factor, shown)
+    pool = late_interaction.encode_options(encoder.backend, parameters, pool_factor, shown)
     encoder.encode(shown, options.drop_image_content, None, options.token_counts, deadline=deadline)
-    multi_vector.pool_pages(shown, pool)
+    late_interaction.pool_pages(shown, pool)
 
 
 def rank_queries(encoder: DocumentEncoder, queries, parameters: dict, reuse_default: bool, logger, deadline=None):

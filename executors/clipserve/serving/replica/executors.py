@@ -20,7 +20,7 @@ from docarray import DocumentArray
 
 from clipserve.config.parameters import request_options
 from clipserve.serving.jina.api import requests
-from clipserve.serving.replica import multi_vector
+from clipserve.serving.replica import late_interaction
 from clipserve.serving.replica.clip_replica import CLIPReplica, thread_budget  # noqa: F401  (thread_budget: re-exported)
 from clipserve.serving.replica.documents import READY_ENDPOINT, rank_documents, ready_report, warm_up_documents
 
@@ -77,12 +77,12 @@ class CLIPEncoder(CLIPExecutorBase):
     def encode(self, docs: DocumentArray, parameters: dict | None = None, **kwargs):
         options = request_options(parameters, self.access_paths, self.logger)
         selected = docs[options.access_paths]
-        pool = multi_vector.encode_options(self.backend, parameters, self.settings.pool_factor, selected)
+        pool = late_interaction.encode_options(self.backend, parameters, self.settings.pool_factor, selected)
         self.metrics.docs(self.backend.model_name, 'encode', len(selected))
         deadline = self._deadline(parameters, docs)
         extra = {'count_tokens': True} if options.token_counts else {}  # subclasses overriding encode_documents
         self.encode_documents(selected, options.drop_image_content, deadline=deadline, **extra)
-        multi_vector.pool_pages(selected, pool)
+        late_interaction.pool_pages(selected, pool)
         return docs
 
     @requests(on='/encode')

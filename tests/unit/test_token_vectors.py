@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from clipserve.engine import ranking
-from clipserve.engine.multi_vector import as_vectors, pad_vectors, token_rows
 from clipserve.engine.token_pooling import pool_tokens, ward_clusters
+from clipserve.engine.token_vectors import as_vectors, pad_vectors, token_rows
 from clipserve.engine.vector_storage import load, store
 
 

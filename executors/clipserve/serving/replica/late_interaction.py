@@ -1,7 +1,7 @@
 """Late-interaction (multi-vector) models at the executors' doors, the same in both DocArray flavours.
 
 A ColPali / ColQwen2 replica writes each document's `embedding` as a [tokens, dim] float32 array (its padding
-rows removed; engine/multi_vector.py) instead of one vector:
+rows removed; engine/token_vectors.py) instead of one vector:
 
 - /encode (and every path that encodes): clip-client stacks the embeddings of a request into one
   [documents, dim] array, which [tokens, dim] per document breaks (an error, or a ragged object array); so a
@@ -20,7 +20,7 @@ The encoders of both flavours (executors.py, documents_v2.py) call the two funct
 
 from __future__ import annotations
 
-from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, check_bool, check_int
+from clipserve.config.parameters import MULTI_VECTOR, check_bool, check_int
 from clipserve.engine.token_pooling import pool_tokens
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.replica.encoding import split_texts_images
@@ -36,13 +36,13 @@ def encode_options(backend, parameters: dict | None, default_pool_factor: int = 
     through the encoder's catch-all endpoint)."""
     parameters = parameters or {}
     texts, images = split_texts_images(docs)
-    if not backend.multi_vector or not (texts or images):
+    if not backend.output.late_interaction or not (texts or images):
         return 1
-    if not check_bool(MULTI_VECTOR_PARAMETER, parameters.get(MULTI_VECTOR_PARAMETER, False)):
+    if not check_bool(MULTI_VECTOR, parameters.get(MULTI_VECTOR, False)):
         raise InvalidParameterError(
             f"{backend.model_name} is a late-interaction model: each document's embedding is a [tokens, "
             f'{backend.embed_dim}] array, which clip-client cannot return (it stacks one vector per document). '
-            f'Send the parameter {MULTI_VECTOR_PARAMETER}=true to receive them (clipserve-client does), or use '
+            f'Send the parameter {MULTI_VECTOR}=true to receive them (clipserve-client does), or use '
             '/v1/embeddings with "return_multivector": true'
         )
     return check_int(POOL_FACTOR_PARAMETER, parameters.get(POOL_FACTOR_PARAMETER, default_pool_factor))
