@@ -1,4 +1,5 @@
-"""Multi-vector embeddings in the engine: padding rows dropped per document and put back with masks, batched
+"""Multi-vector embeddings: the output a model config declares (models/outputs.py); in the engine, padding rows
+dropped per document and put back with masks, batched
 MaxSim against a plain per-pair loop in NumPy, token pooling (Ward clustering) against a brute-force
 reference, and fp16 / int8 storage."""
 
@@ -9,6 +10,7 @@ from clipserve.engine import ranking
 from clipserve.engine.token_pooling import pool_tokens, ward_clusters
 from clipserve.engine.token_vectors import as_vectors, pad_vectors, token_rows
 from clipserve.engine.vector_storage import load, store
+from clipserve.models.outputs import OneVectorOutput, TokenVectorsOutput, declared_output
 
 
 def _unit(rng, rows, dim=16):
@@ -22,6 +24,20 @@ def _reference_maxsim(query, page) -> float:
     for q in np.asarray(query, np.float64):
         total += max(float(q @ p) for p in np.asarray(page, np.float64))
     return total
+
+
+def test_a_model_config_declares_its_output_and_a_pass_is_fitted_to_it():
+    assert declared_output({'embed_dim': 16}) == OneVectorOutput() and not OneVectorOutput().late_interaction
+    pages = declared_output({'embed_dim': 16, 'multi_vector': True, 'image_tokens': 6})
+    assert pages == TokenVectorsOutput(image_tokens=6) and pages.late_interaction
+    assert OneVectorOutput().row_shape('images', 16, 77) == (16,)
+    assert pages.row_shape('images', 16, 77) == (6, 16) and pages.row_shape('texts', 16, 77) == (77, 16)
+    texts = np.ones((2, 5, 16), np.float32)  # a trimmed text pass: 5 of 9 token rows
+    fitted = pages.fit(texts, 'texts', 9)
+    assert fitted.shape == (2, 9, 16) and not fitted[:, 5:].any() and fitted[:, :5].all()
+    assert pages.fit(np.ones((2, 6, 16)), 'images', 9).shape == (2, 6, 16)
+    with pytest.raises(ValueError, match='7 token rows per image, over 6'):
+        pages.fit(np.ones((1, 7, 16)), 'images', 9)
 
 
 def test_token_rows_drop_each_documents_padding_and_pad_vectors_puts_it_back():

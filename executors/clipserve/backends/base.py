@@ -1,8 +1,8 @@
 """The interface every runtime implements: pixels in, float32 embeddings out; token ids in, likewise.
 
-A multi-vector (late-interaction) backend gives a [tokens, D] array per row instead of one [D] vector:
-[B, image_tokens, D] for images, [B, context_length, D] for texts, each row's padding tokens as zero rows
-after its own (the engine drops them per document: engine/token_vectors.py).
+A late-interaction backend gives a [tokens, D] array per row instead of one [D] vector, as its model's
+output says (models/outputs.py): a fixed token count per kind, each row's padding tokens as zero rows after
+its own (the engine drops them per document: engine/token_vectors.py).
 """
 
 from __future__ import annotations

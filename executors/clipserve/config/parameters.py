@@ -61,7 +61,7 @@ TOKEN_COUNTS_PARAMETER = 'token_counts'
 # The public name of late interaction ([tokens, dim] per input): the request parameter a late-interaction
 # model's encode must carry (serving/replica/late_interaction.py), and the field that marks such a model in a
 # replica's /clipserve/info and the gateway's /v1/models.
-MULTI_VECTOR = 'multi_vector'
+MULTI_VECTOR_PARAMETER = 'multi_vector'
 
 
 @dataclass(frozen=True)

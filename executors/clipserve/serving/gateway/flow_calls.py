@@ -14,7 +14,7 @@ import asyncio
 import math
 
 from clipserve import errors
-from clipserve.config.parameters import MULTI_VECTOR, TOKEN_COUNTS_PARAMETER
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, TOKEN_COUNTS_PARAMETER
 from clipserve.models.names import canonical
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
@@ -135,7 +135,7 @@ def served_models(results: dict) -> list[answers.ServedModel]:
                 embed_dim=int(info['embed_dim']),
                 aliases=aliases,
                 default=default,
-                late_interaction=bool(info.get(MULTI_VECTOR, False)),
+                late_interaction=bool(info.get(MULTI_VECTOR_PARAMETER, False)),
             )
     return sorted(found.values(), key=lambda m: (not m.default, m.name))
 
@@ -182,7 +182,7 @@ async def embeddings(flow: FlowCalls, request: api.EmbeddingsRequest, timeout: f
     params = {doc_id: f'input[{i}]' for i, doc_id in enumerate(ids)}
     parameters = parameters_for(timeout)
     if model.late_interaction:
-        parameters = {**parameters, MULTI_VECTOR: True}
+        parameters = {**parameters, MULTI_VECTOR_PARAMETER: True}
     response = await flow.call(f'/encode/{model.name}', docs, parameters, params)
     answered = {d.id: d for d in response.docs}
     rows, tokens = [], 0

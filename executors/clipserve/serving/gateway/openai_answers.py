@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clipserve.config.parameters import MULTI_VECTOR
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER
 from clipserve.serving.gateway.openai_api import MODALITIES
 
 
@@ -130,7 +130,7 @@ def models_response(
                 'modalities': list(m.modalities),
                 'aliases': list(m.aliases),
                 'default': m.default,
-                MULTI_VECTOR: m.late_interaction,
+                MULTI_VECTOR_PARAMETER: m.late_interaction,
             }
             for m in models
         ],

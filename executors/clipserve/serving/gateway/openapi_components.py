@@ -4,7 +4,7 @@ answers; openapi_schema.py puts them in the paths."""
 
 from __future__ import annotations
 
-from clipserve.config.parameters import MULTI_VECTOR
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER
 
 
 def ref(name: str) -> dict:
@@ -102,7 +102,7 @@ SCHEMAS = {
                         'modalities': {'type': 'array', 'items': ref('Modality')},
                         'aliases': {'type': 'array', 'items': {'type': 'string'}},
                         'default': {'type': 'boolean'},
-                        MULTI_VECTOR: {'type': 'boolean'},
+                        MULTI_VECTOR_PARAMETER: {'type': 'boolean'},
                     },
                     'required': ['id', 'object', 'embedding_dimensions', 'modalities', 'default'],
                 },

@@ -16,7 +16,7 @@ import time
 
 from clipserve.backends import BackendOptions, create_backend
 from clipserve.backends.torch.lean_imports import keep_triton_out
-from clipserve.config.parameters import MULTI_VECTOR
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER
 from clipserve.config.settings import executor_settings
 from clipserve.engine.fetch import FetchBudget
 from clipserve.engine.pipeline import EncodePipeline
@@ -176,7 +176,7 @@ class CLIPReplica(AdmittedExecutor):
             'dtype': b.dtype,
             'precision': b.precision.as_dict(),
             'embed_dim': b.embed_dim,
-            MULTI_VECTOR: b.output.late_interaction,  # [tokens, dim] per document (late_interaction.py)
+            MULTI_VECTOR_PARAMETER: b.output.late_interaction,  # [tokens, dim] per document (late_interaction.py)
             'image_size': b.image_size,
             'trims_padding': b.trims_padding,
             'model_calls': b.model_calls,

@@ -20,7 +20,7 @@ The encoders of both flavours (executors.py, documents_v2.py) call the two funct
 
 from __future__ import annotations
 
-from clipserve.config.parameters import MULTI_VECTOR, check_bool, check_int
+from clipserve.config.parameters import MULTI_VECTOR_PARAMETER, check_bool, check_int
 from clipserve.engine.token_pooling import pool_tokens
 from clipserve.errors import InvalidParameterError
 from clipserve.serving.replica.encoding import split_texts_images
@@ -38,11 +38,11 @@ def encode_options(backend, parameters: dict | None, default_pool_factor: int = 
     texts, images = split_texts_images(docs)
     if not backend.output.late_interaction or not (texts or images):
         return 1
-    if not check_bool(MULTI_VECTOR, parameters.get(MULTI_VECTOR, False)):
+    if not check_bool(MULTI_VECTOR_PARAMETER, parameters.get(MULTI_VECTOR_PARAMETER, False)):
         raise InvalidParameterError(
             f"{backend.model_name} is a late-interaction model: each document's embedding is a [tokens, "
             f'{backend.embed_dim}] array, which clip-client cannot return (it stacks one vector per document). '
-            f'Send the parameter {MULTI_VECTOR}=true to receive them (clipserve-client does), or use '
+            f'Send the parameter {MULTI_VECTOR_PARAMETER}=true to receive them (clipserve-client does), or use '
             '/v1/embeddings with "return_multivector": true'
         )
     return check_int(POOL_FACTOR_PARAMETER, parameters.get(POOL_FACTOR_PARAMETER, default_pool_factor))
