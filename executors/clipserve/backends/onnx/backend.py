@@ -30,6 +30,7 @@ from clipserve.backends.export_format import (
 )
 from clipserve.backends.int8_check import verify_int8
 from clipserve.backends.onnx.fp16 import fp16_copy
+from clipserve.backends.onnx.fused import cpu_session
 from clipserve.backends.onnx.int8 import int8_copy
 from clipserve.backends.precision import resolve_precision
 from clipserve.errors import BackendUnavailableError
@@ -64,9 +65,9 @@ class OnnxBackend(Backend):
         self.dtype = self.precision.name
         folder = locate_export(model, model_path, options.trust_remote_code, options.truncate_dim)
         self.folder = folder
-        session_options = self._options(options.num_threads)
-        self.visual = self._session(folder / VISUAL_FILE, session_options)
-        self.textual = self._session(folder / TEXTUAL_FILE, session_options)
+        self._num_threads = options.num_threads
+        self.visual = self._session(folder / VISUAL_FILE)
+        self.textual = self._session(folder / TEXTUAL_FILE)
         metadata = self._metadata(folder, model)
         self.model_name = metadata.model
         text_shape = self.textual.get_inputs()[0].shape
@@ -110,8 +111,8 @@ class OnnxBackend(Backend):
             _static(self.visual.get_outputs()[0].shape[-1]),
         )
 
-    def _options(self, num_threads: int | None) -> ort.SessionOptions:
-        """The sessions' options: `num_threads` intra-op threads (each session has its own)."""
+    def _options(self) -> ort.SessionOptions:
+        """A session's options (each session has its own intra-op threads)."""
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session_options.inter_op_num_threads = 1
@@ -125,17 +126,19 @@ class OnnxBackend(Backend):
             # text session's threads, spinning after a query's short pass, would be extra threads on the next
             # image pass's cores, and both sessions' on the decoding between passes (docs/benchmarks.md, Overload).
             session_options.add_session_config_entry('session.force_spinning_stop', '1')
-        if num_threads:
-            session_options.intra_op_num_threads = num_threads
+        if self._num_threads:
+            session_options.intra_op_num_threads = self._num_threads
         return session_options
 
-    def _session(self, path: Path, session_options) -> ort.InferenceSession:
+    def _session(self, path: Path) -> ort.InferenceSession:
         if self.dtype == 'fp16':
             path = fp16_copy(path)
         elif self.dtype == 'int8':
             path = int8_copy(path)
+        elif self.device == 'cpu':
+            return cpu_session(path, self._options)  # float32: attention fused where recognised
         try:
-            session = ort.InferenceSession(str(path), session_options, providers=_providers(self.device))
+            session = ort.InferenceSession(str(path), self._options(), providers=_providers(self.device))
         except Exception as e:
             if self.device == 'cpu':
                 raise

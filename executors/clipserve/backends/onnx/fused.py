@@ -1,0 +1,75 @@
+"""CPU sessions of float32 towers with their attention fused (backends/onnx/attention.py), checked first.
+
+A rewritten graph serves only after it has given the exported graph's answer on a sample input; one that
+does not (or a rewrite that fails) is reported in the log and the graph as exported serves instead. The two
+sessions are not held at once, so loading never needs the weights twice in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from clipserve.backends.onnx.attention import fused_graph
+
+# where a graph loaded from bytes finds its external data (the weights beside the exported file)
+EXTERNAL_DATA_FOLDER = 'session.model_external_initializers_file_folder_path'
+SAMPLE_ROWS = 2
+SAMPLE_LENGTH = 8  # a sample's length along any other dimension the graph leaves open
+PROVIDERS = ['CPUExecutionProvider']
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
+    """The CPU session of the float32 graph at `path`: attention fused where that is recognised and checked."""
+    original = ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+    try:
+        rewritten = fused_graph(path)
+    except Exception as e:  # a graph the onnx package cannot read or rewrite still serves as exported
+        logger.warning(
+            '%s: attention not fused (%s: %s); serving the graph as exported', path.name, type(e).__name__, e
+        )
+        return original
+    if rewritten is None:
+        return original
+    graph, layers = rewritten
+    feeds = sample_feeds(original)
+    expected = original.run(None, feeds)
+    del original
+    options = make_options()
+    options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(Path(path).parent))
+    try:
+        fused = ort.InferenceSession(graph, options, providers=PROVIDERS)
+        answers = fused.run(None, feeds)
+    except Exception as e:
+        logger.warning(
+            '%s: the fused graph did not run (%s: %s); serving the graph as exported', path.name, type(e).__name__, e
+        )
+        return ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+    if not all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(answers, expected)):
+        logger.warning('%s: the fused graph answered differently on a sample; serving the graph as exported', path.name)
+        return ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+    logger.info("%s: %d attention layers fused into onnxruntime's Attention", path.name, layers)
+    return fused
+
+
+def sample_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """A small input for every input of `session`: seeded random floats, token ids, masks of ones."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in session.get_inputs():
+        shape = [SAMPLE_ROWS] + [dim if isinstance(dim, int) and dim > 0 else SAMPLE_LENGTH for dim in spec.shape[1:]]
+        if 'float' in spec.type:
+            dtype = np.float16 if 'float16' in spec.type else np.float32
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif 'mask' in spec.name:
+            feeds[spec.name] = np.ones(shape, dtype=np.int64 if 'int64' in spec.type else np.int32)
+        else:  # token ids: small ones, inside any vocabulary
+            ids = 1 + np.arange(int(np.prod(shape))).reshape(shape) % 100
+            feeds[spec.name] = ids.astype(np.int64 if 'int64' in spec.type else np.int32)
+    return feeds

@@ -1,0 +1,127 @@
+"""The exported attention fused into onnxruntime's Attention operator (backends/onnx/attention.py, fused.py):
+every layer of both towers found, the same answers as the graph as exported, and anything else left alone."""
+
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from clipserve.backends import BackendOptions
+from clipserve.backends.onnx import fused
+from clipserve.backends.onnx.attention import fuse_attention, fused_graph
+from clipserve.backends.onnx.backend import OnnxBackend
+from clipserve.models.tokenizer import Tokenizer
+
+from ..conftest import TINY
+from ..onnx_helpers import make_clip_as_service_layout
+
+LAYERS = 2  # clipserve-tiny's towers each have two
+HEADS = 2
+TEXTS = ['a photo of a dog', 'a much longer caption about a dog on a red chair in a garden', '!']
+
+
+def _session(graph, folder=None):
+    options = ort.SessionOptions()
+    if folder is not None:
+        options.add_session_config_entry(fused.EXTERNAL_DATA_FOLDER, str(folder))
+    return ort.InferenceSession(graph, options, providers=['CPUExecutionProvider'])
+
+
+def _feeds(tower, rows):
+    if tower == 'visual.onnx':
+        return {'pixel_values': np.random.default_rng(rows).normal(size=(rows, 3, 224, 224)).astype(np.float32)}
+    tokens = Tokenizer()(TEXTS[:rows])
+    return {'input_ids': tokens.input_ids.astype(np.int64), 'attention_mask': tokens.attention_mask.astype(np.int64)}
+
+
+def _attention_nodes(model):
+    return [node for node in model.graph.node if node.op_type == 'Attention' and node.domain == 'com.microsoft']
+
+
+@pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
+def test_every_attention_layer_of_both_towers_is_fused(tiny_onnx_export, tower):
+    model = onnx.load(str(tiny_onnx_export / tower), load_external_data=False)
+    assert fuse_attention(model, tiny_onnx_export) == LAYERS
+    nodes = _attention_nodes(model)
+    assert len(nodes) == LAYERS and not [n for n in model.graph.node if n.op_type == 'Softmax']
+    for node in nodes:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes['num_heads'] == HEADS
+        assert attributes['unidirectional'] == (tower == 'textual.onnx')  # the text tower's causal mask
+        assert attributes['scale'] == pytest.approx((64 // HEADS) ** -0.5, rel=1e-6)
+
+
+@pytest.mark.precision
+@pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
+def test_the_fused_graph_answers_as_the_exported_one(tiny_onnx_export, tower):
+    graph, layers = fused_graph(tiny_onnx_export / tower)
+    assert layers == LAYERS
+    exported, rewritten = _session(str(tiny_onnx_export / tower)), _session(graph, tiny_onnx_export)
+    for rows in (1, 3):  # texts of different lengths padded together, and one alone
+        feeds = _feeds(tower, rows)
+        expected, answer = exported.run(None, feeds)[0], rewritten.run(None, feeds)[0]
+        np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_clip_as_service_layout_is_fused_too(tiny_onnx_export, tmp_path):
+    """Weights inline, int32 inputs cast to int64, a fixed 77-token text input."""
+    folder = make_clip_as_service_layout(tiny_onnx_export, tmp_path / 'ViT-B-32-openai')
+    for tower in ('visual.onnx', 'textual.onnx'):
+        graph, layers = fused_graph(folder / tower)
+        assert layers == LAYERS
+        feeds = fused.sample_feeds(_session(str(folder / tower)))
+        np.testing.assert_allclose(
+            _session(graph, folder).run(None, feeds)[0], _session(str(folder / tower)).run(None, feeds)[0], atol=1e-5
+        )
+
+
+def test_a_mask_that_is_not_causal_is_left_alone(tiny_onnx_export, tmp_path):
+    model = onnx.load(str(tiny_onnx_export / 'textual.onnx'))
+    mask = next(t for t in model.graph.initializer if t.name.endswith('attn_mask'))
+    mask.CopyFrom(numpy_helper.from_array(np.zeros(numpy_helper.to_array(mask).shape, np.float32), mask.name))
+    assert fuse_attention(model, tmp_path) == 0
+    assert not _attention_nodes(model)
+
+
+def test_a_layer_of_another_form_is_left_alone_and_the_rest_fused(tiny_onnx_export):
+    model = onnx.load(str(tiny_onnx_export / 'visual.onnx'))
+    exported = _session(model.SerializeToString())
+    gemm = next(node for node in model.graph.node if node.op_type == 'Gemm')
+    kept = [a for a in gemm.attribute if a.name != 'alpha']
+    del gemm.attribute[:]
+    gemm.attribute.extend([*kept, onnx.helper.make_attribute('alpha', 2.0)])  # a scaled out-projection: not the form
+    feeds = _feeds('visual.onnx', 2)
+    expected = _session(model.SerializeToString()).run(None, feeds)[0]
+    assert fuse_attention(model) == LAYERS - 1
+    np.testing.assert_allclose(_session(model.SerializeToString()).run(None, feeds)[0], expected, atol=1e-5)
+    assert not np.allclose(exported.run(None, feeds)[0], expected, atol=1e-5)  # the changed layer counts
+
+
+def test_the_backend_serves_fused_float32_towers(tiny_onnx_export, caplog):
+    with caplog.at_level(logging.INFO, logger=fused.__name__):
+        backend = OnnxBackend(TINY, BackendOptions(device='cpu', dtype='fp32'), model_path=str(tiny_onnx_export))
+    for session in (backend.visual, backend.textual):
+        options = session.get_session_options()
+        assert options.get_session_config_entry(fused.EXTERNAL_DATA_FOLDER) == str(tiny_onnx_export)
+        assert options.get_session_config_entry('session.force_spinning_stop') == '1'  # the backend's own options
+    assert caplog.text.count("attention layers fused into onnxruntime's Attention") == 2
+
+
+def test_a_fused_graph_that_answers_differently_does_not_serve(tiny_onnx_export, monkeypatch, caplog):
+    def wrong_scale(path):
+        graph, layers = fused_graph(path)
+        model = onnx.ModelProto.FromString(graph)
+        for node in _attention_nodes(model):
+            next(a for a in node.attribute if a.name == 'scale').f *= 4
+        return model.SerializeToString(), layers
+
+    monkeypatch.setattr(fused, 'fused_graph', wrong_scale)
+    with caplog.at_level(logging.WARNING, logger=fused.__name__):
+        session = fused.cpu_session(tiny_onnx_export / 'visual.onnx', ort.SessionOptions)
+    assert 'answered differently on a sample; serving the graph as exported' in caplog.text
+    feeds = _feeds('visual.onnx', 2)
+    exported = _session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
+    np.testing.assert_array_equal(session.run(None, feeds)[0], exported)
