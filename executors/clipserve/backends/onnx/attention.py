@@ -14,16 +14,13 @@ sample before serving it.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
-
 CONTRIB_DOMAIN = 'com.microsoft'
-# the q path back from its scaling Mul to the tower's layout change before the in-projection
+# the q path, back from its scaling Mul to the in-projection's bias
 _Q_PATH = ('Reshape', 'Transpose', 'Reshape', 'Gather', 'Squeeze', 'Transpose', 'Unsqueeze', 'Reshape', 'Add')
 _LARGEST_CONSTANT = 1 << 20  # elements: masks and shapes are read, weights never
 _PLAIN_GEMM = {'transA': 0, 'transB': 1, 'alpha': 1.0, 'beta': 1.0}  # x @ weight.T (+ bias)
@@ -268,8 +265,8 @@ def _in_projection(graph: _Graph, scores, weighted):
     matmul = graph.producer.get(bias_add.input[0])
     if matmul is None or matmul.op_type != 'MatMul':
         return None
-    to_batch_first = graph.producer.get(matmul.input[0])
-    if to_batch_first is None or to_batch_first.op_type != 'Transpose' or _perm(to_batch_first) != [1, 0, 2]:
+    to_sequence_first = graph.producer.get(matmul.input[0])
+    if to_sequence_first is None or to_sequence_first.op_type != 'Transpose' or _perm(to_sequence_first) != [1, 0, 2]:
         return None
     weight, bias = graph.dims(matmul.input[1]), graph.dims(bias_add.input[1])
     head_size = _last_value(graph, heads_shape.input[1])
@@ -278,7 +275,7 @@ def _in_projection(graph: _Graph, scores, weighted):
     if bias != (weight[1],) or weight[0] % head_size:
         return None
     scale = float(q_scale.reshape(-1)[0]) ** 2
-    return to_batch_first.input[0], matmul.input[1], bias_add.input[1], weight[0] // head_size, scale
+    return to_sequence_first.input[0], matmul.input[1], bias_add.input[1], weight[0] // head_size, scale
 
 
 def _gather_above(graph: _Graph, name: str):
