@@ -86,13 +86,18 @@ def test_a_mask_that_is_not_causal_is_left_alone(tiny_onnx_export, tmp_path):
     assert not _attention_nodes(model)
 
 
-def test_a_layer_of_another_form_is_left_alone_and_the_rest_fused(tiny_onnx_export):
+@pytest.mark.parametrize(
+    'changed',
+    [('alpha', 2.0), ('transB', None)],  # a scaled out-projection; one left at ONNX's default transB=0 (x @ weight)
+)
+def test_a_layer_of_another_form_is_left_alone_and_the_rest_fused(tiny_onnx_export, changed):
+    name, value = changed
     model = onnx.load(str(tiny_onnx_export / 'visual.onnx'))
     exported = _session(model.SerializeToString())
     gemm = next(node for node in model.graph.node if node.op_type == 'Gemm')
-    kept = [a for a in gemm.attribute if a.name != 'alpha']
+    kept = [a for a in gemm.attribute if a.name != name]
     del gemm.attribute[:]
-    gemm.attribute.extend([*kept, onnx.helper.make_attribute('alpha', 2.0)])  # a scaled out-projection: not the form
+    gemm.attribute.extend(kept + ([onnx.helper.make_attribute(name, value)] if value is not None else []))
     feeds = _feeds('visual.onnx', 2)
     expected = _session(model.SerializeToString()).run(None, feeds)[0]
     assert fuse_attention(model) == LAYERS - 1

@@ -24,6 +24,7 @@ CONTRIB_DOMAIN = 'com.microsoft'
 _Q_PATH = ('Reshape', 'Transpose', 'Reshape', 'Gather', 'Squeeze', 'Transpose', 'Unsqueeze', 'Reshape', 'Add')
 _LARGEST_CONSTANT = 1 << 20  # elements: masks and shapes are read, weights never
 _PLAIN_GEMM = {'transA': 0, 'transB': 1, 'alpha': 1.0, 'beta': 1.0}  # x @ weight.T (+ bias)
+_GEMM_DEFAULTS = {'transA': 0, 'transB': 0, 'alpha': 1.0, 'beta': 1.0}  # ONNX's, for attributes left out
 _OUT_PATH = ('MatMul', 'Transpose', 'Reshape', 'Gemm', 'Reshape', 'Transpose')  # from the Softmax on
 
 
@@ -47,7 +48,7 @@ def fuse_attention(model, folder: Path | None = None) -> int:
     if any(attr.type in (attr.GRAPH, attr.GRAPHS) for node in model.graph.node for attr in node.attribute):
         return 0  # subgraphs may read names this module cannot see; such graphs are left alone
     graph = _Graph(model.graph, folder)
-    layers = [layer for softmax in graph.nodes_of('Softmax') if (layer := graph.attention_at(softmax))]
+    layers = [layer for softmax in graph.nodes_of('Softmax') if (layer := _match(graph, softmax))]
     for index, layer in enumerate(layers):
         graph.replace(layer, _fused_nodes(layer, f'clipserve_attention_{index}'))
     if layers:
@@ -155,9 +156,6 @@ class _Graph:
             name = node.input[0]
         return found
 
-    def attention_at(self, softmax) -> _Attention | None:
-        return _match(self, softmax)
-
     def replace(self, layer: _Attention, nodes: list) -> None:
         position = list(self.graph.node).index(layer.last_node)
         self.graph.node.remove(layer.last_node)
@@ -188,9 +186,7 @@ def _match(graph: _Graph, softmax) -> _Attention | None:
     weighted, heads_first, _, gemm, _, batch_first = out
     if weighted.input[0] != softmax.output[0] or _perm(heads_first) != [2, 0, 1, 3] or _perm(batch_first) != [1, 0, 2]:
         return None
-    if {'transA': 0, 'transB': 1, 'alpha': 1.0, 'beta': 1.0, **_attrs(gemm)} != _PLAIN_GEMM or graph.dims(
-        gemm.input[1]
-    ) is None:
+    if {**_GEMM_DEFAULTS, **_attrs(gemm)} != _PLAIN_GEMM or graph.dims(gemm.input[1]) is None:
         return None
     scores, causal = _scores(graph, softmax)
     if scores is None:

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
     """The CPU session of the float32 graph at `path`: attention fused where that is recognised and checked."""
-    original = ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+    original = _as_exported(path, make_options)
     try:
         rewritten = fused_graph(path)
     except Exception as e:  # a graph the onnx package cannot read or rewrite still serves as exported
@@ -50,12 +50,16 @@ def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> o
         logger.warning(
             '%s: the fused graph did not run (%s: %s); serving the graph as exported', path.name, type(e).__name__, e
         )
-        return ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+        return _as_exported(path, make_options)
     if not all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(answers, expected)):
         logger.warning('%s: the fused graph answered differently on a sample; serving the graph as exported', path.name)
-        return ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
+        return _as_exported(path, make_options)
     logger.info("%s: %d attention layers fused into onnxruntime's Attention", path.name, layers)
     return fused
+
+
+def _as_exported(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), make_options(), providers=PROVIDERS)
 
 
 def sample_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
