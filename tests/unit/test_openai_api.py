@@ -2,8 +2,11 @@
 themselves run through real Flows with the openai SDK in tests/integration/test_openai_api.py."""
 
 import array
+import asyncio
 import base64
 import io
+import json
+import threading
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from PIL import Image
 from clipserve.errors import InvalidDocumentError
 from clipserve.inputs.uris import UriError, UriPolicy
 from clipserve.models.preprocess import PreprocessConfig, preprocess_bytes
+from clipserve.serving.gateway import json_render
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
 from clipserve.serving.gateway import openai_errors as v1_errors
@@ -228,9 +232,43 @@ def test_embeddings_are_l2_normalised_and_answered_in_openais_shape():
     assert answer['object'] == 'list' and answer['model'] == 'm'
     assert answer['usage'] == {'prompt_tokens': 7, 'total_tokens': 7}
     assert [d['index'] for d in answer['data']] == [0, 1, 2] and answer['data'][0]['object'] == 'embedding'
-    assert answer['data'][0]['embedding'] == unit[0].tolist()
+    rendered = json.loads(json_render.render(answer))  # what a client reads
+    assert rendered['data'][0]['embedding'] == [0.6, 0.8] and rendered['data'][1]['embedding'] == [0, 0]
+    assert np.array_equal(np.array([d['embedding'] for d in rendered['data']], dtype=np.float32), unit)
     b64 = answers.embeddings_response(unit, 'm', 'base64', 0)
     assert np.array_equal(answers.decode_base64(b64['data'][2]['embedding']), unit[2])
+
+
+def test_embeddings_render_in_their_shortest_float32_form_and_read_back_exactly():
+    vectors = answers.l2_normalise(np.random.default_rng(1).normal(size=(4, 512)))
+    answer = answers.embeddings_response(vectors, 'm', 'float', 0)
+    rendered = json_render.render(answer)
+    read = np.array([row['embedding'] for row in json.loads(rendered)['data']], dtype=np.float32)
+    assert np.array_equal(read, vectors)  # the encoder's float32 values, bit for bit
+    as_float64 = json.dumps(
+        {**answer, 'data': [{**row, 'embedding': row['embedding'].tolist()} for row in answer['data']]}
+    )
+    assert len(rendered) < 0.7 * len(as_float64)  # not the float64 digits of the same values
+    nested = json.loads(json_render.render(answers.multivector_response([np.ones((3, 2))], 'colqwen2', 'float', 0)))
+    assert nested['data'][0]['embedding'] == [[1, 1]] * 3 and nested['data'][0]['shape'] == [3, 2]
+    assert json.loads(json_render.render({'score': float('nan'), 'x': np.float32(0.5)})) == {'score': None, 'x': 0.5}
+
+
+def test_answers_with_many_numbers_render_on_a_thread_small_ones_on_the_event_loop(monkeypatch):
+    threads = []
+    render = json_render.render
+    monkeypatch.setattr(json_render, 'render', lambda payload: threads.append(threading.get_ident()) or render(payload))
+    small = answers.embeddings_response(np.ones((2, 8)), 'm', 'float', 0)
+    large = answers.embeddings_response(np.ones((2, json_render.INLINE_NUMBERS)), 'm', 'float', 0)
+    assert json_render.numbers_in(small) == 16 and json_render.numbers_in(large) == 2 * json_render.INLINE_NUMBERS
+    assert json_render.numbers_in(answers.embeddings_response(np.ones((2, 8)), 'm', 'base64', 0)) == 0
+
+    async def both():
+        return await json_render.rendered(small), await json_render.rendered(large), threading.get_ident()
+
+    small_json, large_json, loop_thread = asyncio.run(both())
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    assert json.loads(small_json)['data'][1]['embedding'] == [1] * 8 and len(json.loads(large_json)['data']) == 2
 
 
 def test_rank_and_models_answers():

@@ -1,7 +1,8 @@
 """The answers of the gateway's `/v1/*` routes in OpenAI's shapes, as plain data (no Jina, no sockets).
 
-Embeddings as OpenAI answers them (L2-normalised float32; base64 as its SDK decodes it: little-endian
-float32), `usage`, the rank answer in the style of the rerank APIs, and the model list.
+Embeddings as OpenAI answers them (L2-normalised float32, kept as float32 arrays for json_render.py to write
+in their shortest float32 form; base64 as its SDK decodes it: little-endian float32), `usage`, the rank
+answer in the style of the rerank APIs, and the model list.
 """
 
 from __future__ import annotations
@@ -38,11 +39,8 @@ def usage(prompt_tokens: int) -> dict:
 
 def embeddings_response(vectors, model: str, encoding_format: str, prompt_tokens: int) -> dict:
     """OpenAI's answer: {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], ...}."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    if encoding_format == 'base64':
-        rows = [encode_base64(v) for v in vectors]
-    else:
-        rows = vectors.tolist()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    rows = [encode_base64(v) for v in vectors] if encoding_format == 'base64' else list(vectors)
     return {
         'object': 'list',
         'data': [{'object': 'embedding', 'index': i, 'embedding': row} for i, row in enumerate(rows)],
@@ -52,13 +50,13 @@ def embeddings_response(vectors, model: str, encoding_format: str, prompt_tokens
 
 
 def multivector_response(arrays, model: str, encoding_format: str, prompt_tokens: int) -> dict:
-    """/v1/embeddings with `return_multivector`: each input's [tokens, dim] vectors as a list of rows, or as
-    base64 of its row-major little-endian float32 bytes with its `shape`."""
+    """/v1/embeddings with `return_multivector`: each input's [tokens, dim] vectors (rendered as a list of
+    rows), or as base64 of its row-major little-endian float32 bytes with its `shape`."""
     data = []
     for i, array in enumerate(arrays):
-        array = np.asarray(array, dtype=np.float32)
+        array = np.ascontiguousarray(array, dtype=np.float32)
         row = {'object': 'embedding', 'index': i, 'shape': list(array.shape)}
-        row['embedding'] = encode_base64(array.ravel()) if encoding_format == 'base64' else array.tolist()
+        row['embedding'] = encode_base64(array.ravel()) if encoding_format == 'base64' else array
         data.append(row)
     return {'object': 'list', 'data': data, 'model': model, 'usage': usage(prompt_tokens)}
 

@@ -9,7 +9,7 @@
 
 Answered in front of Jina's HTTP app on the same port, behind the same TLS, size limits, token check and
 admission (gateways.py); every other path goes to Jina's app. A body is read up to max_body_bytes, then parsed
-off the event loop (JSON values counted before they are built, at most max_inputs items). A request's
+(off the event loop when large; JSON values counted before they are built, at most max_inputs items). A request's
 deadline comes from the client: `X-Request-Timeout: <seconds>`, else the OpenAI SDK's own per-request
 timeout (`X-Stainless-Read-Timeout`), counted from the request's arrival at the gateway (`on_arrival`, which
 the gateway's admission calls, bounding by it the wait for a turn of the client's address); it becomes the
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import json
 import math
 import re
 import time
@@ -36,9 +35,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from clipserve.serving.gateway import flow_calls as calls
+from clipserve.serving.gateway import json_render, rerank_api, rerank_calls, search_api, search_calls
 from clipserve.serving.gateway import openai_answers as answers
 from clipserve.serving.gateway import openai_api as api
-from clipserve.serving.gateway import rerank_api, rerank_calls, search_api, search_calls
 from clipserve.serving.gateway.api_error import APIError, bad_request
 
 PLAYGROUND_FILE = 'playground.html'
@@ -47,6 +46,7 @@ TIMEOUT_HEADER = 'x-request-timeout'  # seconds, set by any client
 SDK_TIMEOUT_HEADER = 'x-stainless-read-timeout'  # what the openai SDK sends: its timeout for this request
 ARRIVED = 'clipserve.arrived'  # the scope's key for when the gateway took the request (time.monotonic())
 NO_STORE = {'cache-control': 'no-store', 'x-content-type-options': 'nosniff'}
+INLINE_BODY_BYTES = 1 << 16  # bodies parsed on the event loop; larger ones (images) on a thread
 
 
 class OpenAIMetrics:
@@ -140,6 +140,14 @@ def on_arrival(scope) -> float | None:
         return None
 
 
+async def off_loop_if_large(raw: bytes, parse, *args):
+    """`parse(*args)` for a request of body `raw`: on the event loop when the body is small (a thread's hand-off
+    costs more than parsing it), on a thread when it is large, so the event loop keeps serving meanwhile."""
+    if len(raw) <= INLINE_BODY_BYTES:
+        return parse(*args)
+    return await asyncio.to_thread(parse, *args)
+
+
 async def _disconnected(request: Request) -> None:
     while (await request.receive())['type'] != 'http.disconnect':
         pass
@@ -212,7 +220,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            parsed = await asyncio.to_thread(self._parse, raw, api.parse_embeddings_request)
+            parsed = await off_loop_if_large(raw, self._parse, raw, api.parse_embeddings_request)
             self.metrics.items('embeddings', parsed.items)
             return await calls.embeddings(self.flow, parsed, timeout)
 
@@ -220,7 +228,7 @@ class OpenAIRoutes:
 
     async def rank(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            body, parsed = await asyncio.to_thread(self._parse_rank, raw)
+            body, parsed = await off_loop_if_large(raw, self._parse_rank, raw)
             self.metrics.items('rank', [parsed.query, *parsed.documents])
             field = 'candidates' if 'documents' not in body and 'candidates' in body else 'documents'
             return await calls.rank(self.flow, parsed, field, timeout)
@@ -229,7 +237,7 @@ class OpenAIRoutes:
 
     async def search(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            parsed = await asyncio.to_thread(self._parse, raw, search_api.parse_search_request)
+            parsed = await off_loop_if_large(raw, self._parse, raw, search_api.parse_search_request)
             self.metrics.items('search', [parsed.query] if parsed.query is not None else [])
             return await search_calls.search(self.flow, parsed, timeout)
 
@@ -238,7 +246,7 @@ class OpenAIRoutes:
     async def rerank(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
             body = api.parse_body(raw, self.max_inputs)
-            parsed = await asyncio.to_thread(rerank_api.parse_rerank_request, body, self.max_inputs)
+            parsed = await off_loop_if_large(raw, rerank_api.parse_rerank_request, body, self.max_inputs)
             return await rerank_calls.rerank(self.flow, parsed, timeout)
 
         return await self._answer(request, 'rerank', work, body=True)
@@ -281,7 +289,7 @@ class OpenAIRoutes:
 
     async def _answer(self, request: Request, route: str, work, shape=None, body: bool = False) -> Response:
         """Run `work(raw body, timeout)` within the client's deadline; its answer (shaped by `shape`) or its
-        APIError in OpenAI's shape, counted in the metrics, rendered off the event loop."""
+        APIError in OpenAI's shape, counted in the metrics, rendered (json_render.py)."""
         started, state = time.perf_counter(), {'read': not body}
         headers = dict(NO_STORE)
         try:
@@ -303,8 +311,7 @@ class OpenAIRoutes:
         self.metrics.request(route, status, time.perf_counter() - started)
         if not state['read']:
             headers['connection'] = 'close'  # the body was left unread: do not keep the connection half-read
-        rendered = await asyncio.to_thread(json.dumps, payload, separators=(',', ':'))
-        return Response(rendered.encode(), status, headers, media_type='application/json')
+        return Response(await json_render.rendered(payload), status, headers, media_type='application/json')
 
     async def _no_route(self, request: Request, exc) -> Response:
         routes = ', '.join(api.ROUTES)
@@ -322,4 +329,4 @@ class OpenAIRoutes:
     async def _error(self, request: Request, route: str, error: APIError) -> Response:
         self.metrics.request(route, error.status, 0.0)
         headers = {**NO_STORE, 'connection': 'close'} if request.method != 'GET' else dict(NO_STORE)
-        return Response(json.dumps(error.body()).encode(), error.status, headers, media_type='application/json')
+        return Response(json_render.render(error.body()), error.status, headers, media_type='application/json')
