@@ -245,8 +245,7 @@ class OpenAIRoutes:
 
     async def rerank(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            body = api.parse_body(raw, self.max_inputs)
-            parsed = await off_loop_if_large(raw, rerank_api.parse_rerank_request, body, self.max_inputs)
+            parsed = await off_loop_if_large(raw, self._parse_rerank, raw)
             return await rerank_calls.rerank(self.flow, parsed, timeout)
 
         return await self._answer(request, 'rerank', work, body=True)
@@ -260,6 +259,9 @@ class OpenAIRoutes:
 
     def _parse(self, raw: bytes, parse):
         return parse(api.parse_body(raw, self.max_inputs), self.max_body_bytes, self.max_inputs)
+
+    def _parse_rerank(self, raw: bytes):
+        return rerank_api.parse_rerank_request(api.parse_body(raw, self.max_inputs), self.max_inputs)
 
     def _parse_rank(self, raw: bytes):
         body = api.parse_body(raw, self.max_inputs)
