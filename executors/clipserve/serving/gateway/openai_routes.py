@@ -140,12 +140,12 @@ def on_arrival(scope) -> float | None:
         return None
 
 
-async def off_loop_if_large(raw: bytes, parse, *args):
-    """`parse(*args)` for a request of body `raw`: on the event loop when the body is small (a thread's hand-off
-    costs more than parsing it), on a thread when it is large, so the event loop keeps serving meanwhile."""
+async def off_loop_if_large(parse, raw: bytes, *args):
+    """`parse(raw, *args)`: on the event loop when the body `raw` is small (a thread's hand-off costs more than
+    parsing it), on a thread when it is large, so the event loop keeps serving meanwhile."""
     if len(raw) <= INLINE_BODY_BYTES:
-        return parse(*args)
-    return await asyncio.to_thread(parse, *args)
+        return parse(raw, *args)
+    return await asyncio.to_thread(parse, raw, *args)
 
 
 async def _disconnected(request: Request) -> None:
@@ -220,7 +220,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            parsed = await off_loop_if_large(raw, self._parse, raw, api.parse_embeddings_request)
+            parsed = await off_loop_if_large(self._parse, raw, api.parse_embeddings_request)
             self.metrics.items('embeddings', parsed.items)
             return await calls.embeddings(self.flow, parsed, timeout)
 
@@ -228,7 +228,7 @@ class OpenAIRoutes:
 
     async def rank(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            body, parsed = await off_loop_if_large(raw, self._parse_rank, raw)
+            body, parsed = await off_loop_if_large(self._parse_rank, raw)
             self.metrics.items('rank', [parsed.query, *parsed.documents])
             field = 'candidates' if 'documents' not in body and 'candidates' in body else 'documents'
             return await calls.rank(self.flow, parsed, field, timeout)
@@ -237,7 +237,7 @@ class OpenAIRoutes:
 
     async def search(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            parsed = await off_loop_if_large(raw, self._parse, raw, search_api.parse_search_request)
+            parsed = await off_loop_if_large(self._parse, raw, search_api.parse_search_request)
             self.metrics.items('search', [parsed.query] if parsed.query is not None else [])
             return await search_calls.search(self.flow, parsed, timeout)
 
@@ -245,7 +245,7 @@ class OpenAIRoutes:
 
     async def rerank(self, request: Request) -> Response:
         async def work(raw: bytes, timeout: float | None):
-            parsed = await off_loop_if_large(raw, self._parse_rerank, raw)
+            parsed = await off_loop_if_large(self._parse_rerank, raw)
             return await rerank_calls.rerank(self.flow, parsed, timeout)
 
         return await self._answer(request, 'rerank', work, body=True)
