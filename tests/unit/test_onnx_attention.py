@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from clipserve.backends import BackendOptions
 from clipserve.backends.onnx import fused
-from clipserve.backends.onnx.attention import fuse_attention, fused_graph
+from clipserve.backends.onnx.attention import fuse_attention
 from clipserve.backends.onnx.backend import OnnxBackend
 from clipserve.models.tokenizer import Tokenizer
 
@@ -57,8 +57,8 @@ def test_every_attention_layer_of_both_towers_is_fused(tiny_onnx_export, tower):
 @pytest.mark.precision
 @pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
 def test_the_fused_graph_answers_as_the_exported_one(tiny_onnx_export, tower):
-    graph, layers = fused_graph(tiny_onnx_export / tower)
-    assert layers == LAYERS
+    graph, done = fused.rewritten_graph(tiny_onnx_export / tower)
+    assert f"{LAYERS} attention layers fused into onnxruntime's Attention" in done
     exported, rewritten = _session(str(tiny_onnx_export / tower)), _session(graph, tiny_onnx_export)
     for rows in (1, 3):  # texts of different lengths padded together, and one alone
         feeds = _feeds(tower, rows)
@@ -70,8 +70,8 @@ def test_clip_as_service_layout_is_fused_too(tiny_onnx_export, tmp_path):
     """Weights inline, int32 inputs cast to int64, a fixed 77-token text input."""
     folder = make_clip_as_service_layout(tiny_onnx_export, tmp_path / 'ViT-B-32-openai')
     for tower in ('visual.onnx', 'textual.onnx'):
-        graph, layers = fused_graph(folder / tower)
-        assert layers == LAYERS
+        graph, done = fused.rewritten_graph(folder / tower)
+        assert f'{LAYERS} attention layers fused' in done
         feeds = fused.sample_feeds(_session(str(folder / tower)))
         np.testing.assert_allclose(
             _session(graph, folder).run(None, feeds)[0], _session(str(folder / tower)).run(None, feeds)[0], atol=1e-5
@@ -113,20 +113,23 @@ def test_the_backend_serves_fused_float32_towers(tiny_onnx_export, caplog):
         assert options.get_session_config_entry(fused.EXTERNAL_DATA_FOLDER) == str(tiny_onnx_export)
         assert options.get_session_config_entry('session.force_spinning_stop') == '1'  # the backend's own options
     assert caplog.text.count("attention layers fused into onnxruntime's Attention") == 2
+    assert caplog.text.count('operators of the last layer run on the pooled rows only') == 2
 
 
 def test_a_fused_graph_that_answers_differently_does_not_serve(tiny_onnx_export, monkeypatch, caplog):
+    rewrite = fused.rewritten_graph
+
     def wrong_scale(path):
-        graph, layers = fused_graph(path)
+        graph, done = rewrite(path)
         model = onnx.ModelProto.FromString(graph)
         for node in _attention_nodes(model):
             next(a for a in node.attribute if a.name == 'scale').f *= 4
-        return model.SerializeToString(), layers
+        return model.SerializeToString(), done
 
-    monkeypatch.setattr(fused, 'fused_graph', wrong_scale)
+    monkeypatch.setattr(fused, 'rewritten_graph', wrong_scale)
     with caplog.at_level(logging.WARNING, logger=fused.__name__):
         session = fused.cpu_session(tiny_onnx_export / 'visual.onnx', ort.SessionOptions)
-    assert 'answered differently on a sample; serving the graph as exported' in caplog.text
+    assert 'the rewritten graph answered differently on a sample; serving the graph as exported' in caplog.text
     feeds = _feeds('visual.onnx', 2)
     exported = _session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], exported)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from clipserve.backends.onnx.graph_edit import drop_unused
+
 CONTRIB_DOMAIN = 'com.microsoft'
 # the q path, back from its scaling Mul to the in-projection's bias
 _Q_PATH = ('Reshape', 'Transpose', 'Reshape', 'Gather', 'Squeeze', 'Transpose', 'Unsqueeze', 'Reshape', 'Add')
@@ -26,18 +28,6 @@ _LARGEST_CONSTANT = 1 << 20  # elements: masks and shapes are read, weights neve
 _PLAIN_GEMM = {'transA': 0, 'transB': 1, 'alpha': 1.0, 'beta': 1.0}  # x @ weight.T (+ bias)
 _GEMM_DEFAULTS = {'transA': 0, 'transB': 0, 'alpha': 1.0, 'beta': 1.0}  # ONNX's, for attributes left out
 _OUT_PATH = ('MatMul', 'Transpose', 'Reshape', 'Gemm', 'Reshape', 'Transpose')  # from the Softmax on
-
-
-def fused_graph(path: Path) -> tuple[bytes, int] | None:
-    """The graph at `path` with its attention fused, serialized, and how many layers were fused; None when
-    there is none this module recognises. Its weights stay where they are (external data beside `path`)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    count = fuse_attention(model, Path(path).parent)
-    if not count:
-        return None
-    return model.SerializeToString(), count
 
 
 def fuse_attention(model, folder: Path | None = None) -> int:
@@ -51,8 +41,9 @@ def fuse_attention(model, folder: Path | None = None) -> int:
     layers = [layer for softmax in graph.nodes_of('Softmax') if (layer := _match(graph, softmax))]
     for index, layer in enumerate(layers):
         graph.replace(layer, _fused_nodes(layer, f'clipserve_attention_{index}'))
+        graph.declare_like(f'clipserve_attention_{index}_heads', layer.output, graph.dims(layer.weight)[0])
     if layers:
-        graph.drop_unused()
+        drop_unused(model.graph)
         if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     return len(layers)
@@ -162,20 +153,16 @@ class _Graph:
         for offset, node in enumerate(nodes):
             self.graph.node.insert(position + offset, node)
 
-    def drop_unused(self) -> None:
-        """Removes nodes whose outputs nothing reads (repeatedly), then initializers nothing reads."""
-        needed_outputs = {o.name for o in self.graph.output}
-        while True:
-            read = needed_outputs | {name for node in self.graph.node for name in node.input}
-            dead = [node for node in self.graph.node if not any(out in read for out in node.output)]
-            if not dead:
-                break
-            for node in dead:
-                self.graph.node.remove(node)
-        read = {name for node in self.graph.node for name in node.input}
-        unused = [t for t in self.graph.initializer if t.name not in read]
-        for tensor in unused:
-            self.graph.initializer.remove(tensor)
+    def declare_like(self, name: str, like: str, width: int) -> None:
+        """Declares `name` of the type and shape declared for `like` but `width` wide, if `like` has a declared
+        shape (for the rewrites after this one: backends/onnx/pooled_rows.py)."""
+        declared = next((info for info in self.graph.value_info if info.name == like), None)
+        if declared is not None and declared.type.tensor_type.shape.dim:
+            info = self.graph.value_info.add()
+            info.CopyFrom(declared)
+            info.name = name
+            info.type.tensor_type.shape.dim[-1].Clear()
+            info.type.tensor_type.shape.dim[-1].dim_value = width
 
 
 def _match(graph: _Graph, softmax) -> _Attention | None:

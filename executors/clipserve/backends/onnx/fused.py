@@ -1,4 +1,5 @@
-"""CPU sessions of float32 towers with their attention fused (backends/onnx/attention.py), checked first.
+"""CPU sessions of float32 towers rewritten at load, checked first: attention fused (backends/onnx/attention.py)
+and the last operators run on the pooled rows only (backends/onnx/pooled_rows.py).
 
 A rewritten graph serves only after it has given the exported graph's answer on a sample input; one that
 does not (or a rewrite that fails) is reported in the log and the graph as exported serves instead. The two
@@ -14,7 +15,8 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from clipserve.backends.onnx.attention import fused_graph
+from clipserve.backends.onnx.attention import fuse_attention
+from clipserve.backends.onnx.pooled_rows import pool_early
 
 # where a graph loaded from bytes finds its external data (the weights beside the exported file)
 EXTERNAL_DATA_FOLDER = 'session.model_external_initializers_file_folder_path'
@@ -26,18 +28,16 @@ logger = logging.getLogger(__name__)
 
 
 def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:
-    """The CPU session of the float32 graph at `path`: attention fused where that is recognised and checked."""
+    """The CPU session of the float32 graph at `path`: rewritten where a rewrite is recognised and checked."""
     original = _as_exported(path, make_options)
     try:
-        rewritten = fused_graph(path)
+        rewritten = rewritten_graph(path)
     except Exception as e:  # a graph the onnx package cannot read or rewrite still serves as exported
-        logger.warning(
-            '%s: attention not fused (%s: %s); serving the graph as exported', path.name, type(e).__name__, e
-        )
+        logger.warning('%s: not rewritten (%s: %s); serving the graph as exported', path.name, type(e).__name__, e)
         return original
     if rewritten is None:
         return original
-    graph, layers = rewritten
+    graph, done = rewritten
     feeds = sample_feeds(original)
     expected = original.run(None, feeds)
     del original
@@ -48,14 +48,35 @@ def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> o
         answers = fused.run(None, feeds)
     except Exception as e:
         logger.warning(
-            '%s: the fused graph did not run (%s: %s); serving the graph as exported', path.name, type(e).__name__, e
+            '%s: the rewritten graph did not run (%s: %s); serving the graph as exported',
+            path.name,
+            type(e).__name__,
+            e,
         )
         return _as_exported(path, make_options)
     if not all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(answers, expected)):
-        logger.warning('%s: the fused graph answered differently on a sample; serving the graph as exported', path.name)
+        logger.warning(
+            '%s: the rewritten graph answered differently on a sample; serving the graph as exported', path.name
+        )
         return _as_exported(path, make_options)
-    logger.info("%s: %d attention layers fused into onnxruntime's Attention", path.name, layers)
+    logger.info('%s: %s', path.name, done)
     return fused
+
+
+def rewritten_graph(path: Path) -> tuple[bytes, str] | None:
+    """The graph at `path` with every rewrite that recognises it applied, serialized, and what was done; None
+    when none does. Its weights stay where they are (external data beside `path`)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    layers = fuse_attention(model, Path(path).parent)
+    moved = pool_early(model)
+    if not layers and not moved:
+        return None
+    done = [f"{layers} attention layers fused into onnxruntime's Attention"] if layers else []
+    if moved:
+        done.append(f'{moved} operators of the last layer run on the pooled rows only')
+    return model.SerializeToString(), '; '.join(done)
 
 
 def _as_exported(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:

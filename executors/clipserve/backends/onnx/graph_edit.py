@@ -1,0 +1,47 @@
+"""What the graph rewrites made at load (backends/onnx/attention.py, pooled_rows.py) share: the shapes an onnx
+graph declares, and removing what nothing reads any more."""
+
+from __future__ import annotations
+
+Dim = int | str | None  # a size, a named (symbolic) size, or unknown
+
+
+def shapes_of(graph) -> dict[str, tuple[Dim, ...]]:
+    """The declared shape of every tensor the graph states one for: its inputs, outputs and value_info, its
+    initializers and Constant nodes, and transposes of those."""
+    shapes: dict[str, tuple[Dim, ...]] = {}
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.HasField('tensor_type') and info.type.tensor_type.HasField('shape'):
+            shapes[info.name] = tuple(_dim(d) for d in info.type.tensor_type.shape.dim)
+    for tensor in graph.initializer:
+        shapes[tensor.name] = tuple(tensor.dims)
+    for node in graph.node:
+        if node.op_type == 'Constant' and node.attribute and node.attribute[0].HasField('t'):
+            shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
+        elif node.op_type == 'Transpose' and node.input[0] in shapes and node.output[0] not in shapes:
+            source = shapes[node.input[0]]
+            perm = next((list(a.ints) for a in node.attribute if a.name == 'perm'), None)
+            shapes[node.output[0]] = tuple(source[i] for i in perm) if perm else source[::-1]
+    return shapes
+
+
+def _dim(dim) -> Dim:
+    if dim.HasField('dim_value'):
+        return dim.dim_value
+    return dim.dim_param or None
+
+
+def drop_unused(graph) -> None:
+    """Removes nodes whose outputs nothing reads (repeatedly), then initializers nothing reads."""
+    needed_outputs = {o.name for o in graph.output}
+    while True:
+        read = needed_outputs | {name for node in graph.node for name in node.input}
+        dead = [node for node in graph.node if not any(out in read for out in node.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {name for node in graph.node for name in node.input}
+    unused = [t for t in graph.initializer if t.name not in read]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
