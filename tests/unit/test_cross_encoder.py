@@ -6,6 +6,7 @@ one-label rerankers refused by name. Tiny random-weights checkpoints built here 
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -82,6 +83,13 @@ def test_scores_equal_transformers_and_do_not_depend_on_the_batch(checkpoint, ba
             pipeline.score(QUERY, DOCUMENTS, max_length=16, truncate=False, names=['d0', 'd1', 'd2', 'd3'])
     finally:
         pipeline.close()
+
+
+def test_onnx_fp32_runs_the_last_layer_on_the_first_token_only(checkpoint, caplog):
+    """The scores above come from the rewritten graph: the last layer runs on the row the head reads."""
+    with caplog.at_level(logging.INFO, logger='clipserve.backends.onnx.fused'):
+        create_cross_encoder('onnx', resolve_cross_encoder(str(checkpoint)), RerankOptions(dtype='fp32'))
+    assert 'operators of the last layer run on the pooled rows only' in caplog.text
 
 
 def test_int8_is_measured_against_fp32_before_it_serves(checkpoint, monkeypatch):

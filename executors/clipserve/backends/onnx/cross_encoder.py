@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import onnxruntime as ort
 from filelock import FileLock
 
 from clipserve.backends.cross_encoder import CrossEncoder, RerankOptions, pick_dtype
+from clipserve.backends.onnx import fused
 from clipserve.models.cache import cache_dir
 from clipserve.models.cross_encoder import CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_FILE, CrossEncoderSpec, read_spec
 
@@ -47,25 +49,33 @@ class OnnxCrossEncoder(CrossEncoder):
         graph = folder / GRAPH_FILE
         if self.dtype == 'int8':
             graph = int8_graph(graph)
-        session_options = ort.SessionOptions()
-        session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session_options.inter_op_num_threads = 1
-        session_options.enable_cpu_mem_arena = False  # pairs of every length: give activations back after a pass
-        session_options.enable_mem_pattern = False
-        session_options.add_session_config_entry('session.force_spinning_stop', '1')
-        if options.num_threads:
-            session_options.intra_op_num_threads = options.num_threads
         providers = (
             ['CUDAExecutionProvider', 'CPUExecutionProvider']
             if self.device.startswith('cuda')
             else ['CPUExecutionProvider']
         )
-        self.session = ort.InferenceSession(str(graph), session_options, providers=providers)
+        make_options = partial(_session_options, options.num_threads)
+        if providers == fused.PROVIDERS and self.dtype == 'fp32':
+            self.session = fused.cpu_session(graph, make_options)  # the last layer on the first token's row only
+        else:
+            self.session = ort.InferenceSession(str(graph), make_options(), providers=providers)
         self._inputs = [i.name for i in self.session.get_inputs()]
 
     def _score(self, *arrays: np.ndarray) -> np.ndarray:
         feeds = {name: a for name, a in zip(self.spec.input_names, arrays) if name in self._inputs}
         return self.session.run(None, feeds)[0]
+
+
+def _session_options(num_threads: int | None) -> ort.SessionOptions:
+    session_options = ort.SessionOptions()
+    session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session_options.inter_op_num_threads = 1
+    session_options.enable_cpu_mem_arena = False  # pairs of every length: give activations back after a pass
+    session_options.enable_mem_pattern = False
+    session_options.add_session_config_entry('session.force_spinning_stop', '1')
+    if num_threads:
+        session_options.intra_op_num_threads = num_threads
+    return session_options
 
 
 def cached_export(spec: CrossEncoderSpec) -> Path:
