@@ -91,8 +91,8 @@ def _region(graph, pooling, consumers, static, shapes) -> list:
             if id(node) in excluded or not _row_wise(node, static, shapes):
                 continue
             users = [user for out in node.output for user in consumers.get(out, [])]
-            if len(node.output) != 1 or node.output[0] in outputs or not users:
-                continue
+            if len(node.output) != 1 or node.output[0] in outputs or node.output[0] in pooling.input[1:] or not users:
+                continue  # (the positions the pooling takes are needed whole)
             if all(id(user) in inside for user in users):
                 members.append(node)
                 inside.add(id(node))
