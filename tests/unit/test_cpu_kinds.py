@@ -34,6 +34,7 @@ EMULATED = [
     'tests/unit/test_precision.py',
     'tests/unit/test_onnx_int8.py',
     'tests/unit/test_onnx_attention.py',
+    'tests/unit/test_onnx_pooled_rows.py',
     'tests/unit/test_openvino_backend.py',
 ]
 NEEDS_TORCH = 'not equals_torch and not cpus_only'  # their torch halves run in the native AVX2 run below
