@@ -49,16 +49,14 @@ class OnnxCrossEncoder(CrossEncoder):
         graph = folder / GRAPH_FILE
         if self.dtype == 'int8':
             graph = int8_graph(graph)
-        providers = (
-            ['CUDAExecutionProvider', 'CPUExecutionProvider']
-            if self.device.startswith('cuda')
-            else ['CPUExecutionProvider']
-        )
         make_options = partial(_session_options, options.num_threads)
-        if providers == fused.PROVIDERS and self.dtype == 'fp32':
+        if self.device.startswith('cuda'):
+            providers = ['CUDAExecutionProvider', 'CPUExecutionProvider']
+            self.session = ort.InferenceSession(str(graph), make_options(), providers=providers)
+        elif self.dtype == 'fp32':
             self.session = fused.cpu_session(graph, make_options)  # the last layer on the first token's row only
         else:
-            self.session = ort.InferenceSession(str(graph), make_options(), providers=providers)
+            self.session = ort.InferenceSession(str(graph), make_options(), providers=fused.PROVIDERS)
         self._inputs = [i.name for i in self.session.get_inputs()]
 
     def _score(self, *arrays: np.ndarray) -> np.ndarray:

@@ -1,14 +1,14 @@
-"""The tower's last operators run on the rows it keeps only, rewritten in memory when a CPU session loads a
-float32 tower.
+"""The last operators run on the rows the model keeps only, rewritten in memory when a CPU session loads a float32
+graph.
 
-A CLIP tower keeps one row per item of its last layer's output (images: the class token; texts: the end
-token), but the exported graph computes the last layer's out-projection, MLP and layer norms for every token and
-selects the row at the very end. Each of those operators works on each row alone, so selecting first gives the
-same answer. This module moves the selection (a Gather along the sequence axis, or a GatherND of one position per
-item) up above the row-wise operators that feed only it, selecting their other inputs the same way. Operators it
-does not know to be row-wise, and inputs whose shape it cannot read, stop the move; the backend checks a rewritten
-graph against the original on a sample before serving it (backends/onnx/fused.py).
-"""
+A CLIP tower keeps one row per item of its last layer's output (images: the class token; texts: the end token),
+a reranker its first token's, but the exported graph computes the last layer's out-projection, MLP and layer
+norms for every token and selects the row at the very end. Each of those operators works on each row alone, so
+selecting first gives the same answer. This module moves the selection (a Gather along the sequence axis, or a
+GatherND of one position per item) up above the row-wise operators that feed only it, selecting their other
+inputs the same way. Operators it does not know to be row-wise, and inputs whose shape it cannot read, stop the
+move; the backend checks a rewritten graph against the original on a sample before serving it
+(backends/onnx/fused.py)."""
 
 from __future__ import annotations
 
