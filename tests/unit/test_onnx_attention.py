@@ -13,28 +13,12 @@ from clipserve.backends import BackendOptions
 from clipserve.backends.onnx import fused
 from clipserve.backends.onnx.attention import fuse_attention
 from clipserve.backends.onnx.backend import OnnxBackend
-from clipserve.models.tokenizer import Tokenizer
 
 from ..conftest import TINY
-from ..onnx_helpers import make_clip_as_service_layout
+from ..onnx_helpers import make_clip_as_service_layout, plain_session, tower_feeds
 
 LAYERS = 2  # clipserve-tiny's towers each have two
 HEADS = 2
-TEXTS = ['a photo of a dog', 'a much longer caption about a dog on a red chair in a garden', '!']
-
-
-def _session(graph, folder=None):
-    options = ort.SessionOptions()
-    if folder is not None:
-        options.add_session_config_entry(fused.EXTERNAL_DATA_FOLDER, str(folder))
-    return ort.InferenceSession(graph, options, providers=['CPUExecutionProvider'])
-
-
-def _feeds(tower, rows):
-    if tower == 'visual.onnx':
-        return {'pixel_values': np.random.default_rng(rows).normal(size=(rows, 3, 224, 224)).astype(np.float32)}
-    tokens = Tokenizer()(TEXTS[:rows])
-    return {'input_ids': tokens.input_ids.astype(np.int64), 'attention_mask': tokens.attention_mask.astype(np.int64)}
 
 
 def _attention_nodes(model):
@@ -59,9 +43,9 @@ def test_every_attention_layer_of_both_towers_is_fused(tiny_onnx_export, tower):
 def test_the_fused_graph_answers_as_the_exported_one(tiny_onnx_export, tower):
     graph, done = fused.rewritten_graph(tiny_onnx_export / tower)
     assert f"{LAYERS} attention layers fused into onnxruntime's Attention" in done
-    exported, rewritten = _session(str(tiny_onnx_export / tower)), _session(graph, tiny_onnx_export)
+    exported, rewritten = plain_session(str(tiny_onnx_export / tower)), plain_session(graph, tiny_onnx_export)
     for rows in (1, 3):  # texts of different lengths padded together, and one alone
-        feeds = _feeds(tower, rows)
+        feeds = tower_feeds(tower, rows)
         expected, answer = exported.run(None, feeds)[0], rewritten.run(None, feeds)[0]
         np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
 
@@ -72,9 +56,11 @@ def test_clip_as_service_layout_is_fused_too(tiny_onnx_export, tmp_path):
     for tower in ('visual.onnx', 'textual.onnx'):
         graph, done = fused.rewritten_graph(folder / tower)
         assert f'{LAYERS} attention layers fused' in done
-        feeds = fused.sample_feeds(_session(str(folder / tower)))
+        feeds = fused.sample_feeds(plain_session(str(folder / tower)))
         np.testing.assert_allclose(
-            _session(graph, folder).run(None, feeds)[0], _session(str(folder / tower)).run(None, feeds)[0], atol=1e-5
+            plain_session(graph, folder).run(None, feeds)[0],
+            plain_session(str(folder / tower)).run(None, feeds)[0],
+            atol=1e-5,
         )
 
 
@@ -93,15 +79,15 @@ def test_a_mask_that_is_not_causal_is_left_alone(tiny_onnx_export, tmp_path):
 def test_a_layer_of_another_form_is_left_alone_and_the_rest_fused(tiny_onnx_export, changed):
     name, value = changed
     model = onnx.load(str(tiny_onnx_export / 'visual.onnx'))
-    exported = _session(model.SerializeToString())
+    exported = plain_session(model.SerializeToString())
     gemm = next(node for node in model.graph.node if node.op_type == 'Gemm')
     kept = [a for a in gemm.attribute if a.name != name]
     del gemm.attribute[:]
     gemm.attribute.extend(kept + ([onnx.helper.make_attribute(name, value)] if value is not None else []))
-    feeds = _feeds('visual.onnx', 2)
-    expected = _session(model.SerializeToString()).run(None, feeds)[0]
+    feeds = tower_feeds('visual.onnx', 2)
+    expected = plain_session(model.SerializeToString()).run(None, feeds)[0]
     assert fuse_attention(model) == LAYERS - 1
-    np.testing.assert_allclose(_session(model.SerializeToString()).run(None, feeds)[0], expected, atol=1e-5)
+    np.testing.assert_allclose(plain_session(model.SerializeToString()).run(None, feeds)[0], expected, atol=1e-5)
     assert not np.allclose(exported.run(None, feeds)[0], expected, atol=1e-5)  # the changed layer counts
 
 
@@ -130,8 +116,8 @@ def test_a_fused_graph_that_answers_differently_does_not_serve(tiny_onnx_export,
     with caplog.at_level(logging.WARNING, logger=fused.__name__):
         session = fused.cpu_session(tiny_onnx_export / 'visual.onnx', ort.SessionOptions)
     assert 'the rewritten graph answered differently on a sample; serving the graph as exported' in caplog.text
-    feeds = _feeds('visual.onnx', 2)
-    exported = _session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
+    feeds = tower_feeds('visual.onnx', 2)
+    exported = plain_session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], exported)
 
 
@@ -141,6 +127,6 @@ def test_a_graph_without_a_sample_serves_as_exported(tiny_onnx_export, monkeypat
     with caplog.at_level(logging.WARNING, logger=fused.__name__):
         session = fused.cpu_session(tiny_onnx_export / 'visual.onnx', ort.SessionOptions)
     assert 'no sample to check a rewrite on' in caplog.text
-    feeds = _feeds('visual.onnx', 2)
-    exported = _session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
+    feeds = tower_feeds('visual.onnx', 2)
+    exported = plain_session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], exported)  # the fused graph's differ in the last bits

@@ -3,33 +3,16 @@ the export rewritten with the same answers, and graphs where selecting first wou
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from clipserve.backends.onnx import fused
 from clipserve.backends.onnx.attention import fuse_attention
 from clipserve.backends.onnx.pooled_rows import pool_early
-from clipserve.models.tokenizer import Tokenizer
 
-from ..onnx_helpers import make_clip_as_service_layout
+from ..onnx_helpers import make_clip_as_service_layout, plain_session, tower_feeds
 
-TEXTS = ['a photo of a dog', 'a much longer caption about a dog on a red chair in a garden', '!']
 WIDTH = 8
-
-
-def _session(graph, folder=None):
-    options = ort.SessionOptions()
-    if folder is not None:
-        options.add_session_config_entry(fused.EXTERNAL_DATA_FOLDER, str(folder))
-    return ort.InferenceSession(graph, options, providers=['CPUExecutionProvider'])
-
-
-def _tower_feeds(tower, rows):
-    if tower == 'visual.onnx':
-        return {'pixel_values': np.random.default_rng(rows).normal(size=(rows, 3, 224, 224)).astype(np.float32)}
-    tokens = Tokenizer()(TEXTS[:rows])
-    return {'input_ids': tokens.input_ids.astype(np.int64), 'attention_mask': tokens.attention_mask.astype(np.int64)}
 
 
 def _last_matmul_input_rank(model) -> int:
@@ -44,14 +27,14 @@ def _last_matmul_input_rank(model) -> int:
 @pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
 def test_both_towers_select_their_row_before_the_last_layer(tiny_onnx_export, tower):
     model = onnx.load(str(tiny_onnx_export / tower), load_external_data=False)
-    exported = _session(str(tiny_onnx_export / tower))
+    exported = plain_session(str(tiny_onnx_export / tower))
     fuse_attention(model, tiny_onnx_export)
     # the out-projection, residual, both layer norms and the MLP (texts also the mask's Cast and Mul)
     assert pool_early(model) >= 12
     assert _last_matmul_input_rank(model) == 2  # the MLP reads one row per item, not the whole sequence
-    rewritten = _session(model.SerializeToString(), tiny_onnx_export)
+    rewritten = plain_session(model.SerializeToString(), tiny_onnx_export)
     for rows in (1, 3):  # texts of different lengths padded together (different end positions), and one alone
-        feeds = _tower_feeds(tower, rows)
+        feeds = tower_feeds(tower, rows)
         np.testing.assert_allclose(rewritten.run(None, feeds)[0], exported.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
@@ -60,9 +43,11 @@ def test_clip_as_service_layout_is_rewritten_too(tiny_onnx_export, tmp_path):
     for tower in ('visual.onnx', 'textual.onnx'):
         graph, done = fused.rewritten_graph(folder / tower)
         assert 'operators of the last layer run on the pooled rows only' in done
-        feeds = fused.sample_feeds(_session(str(folder / tower)))
+        feeds = fused.sample_feeds(plain_session(str(folder / tower)))
         np.testing.assert_allclose(
-            _session(graph, folder).run(None, feeds)[0], _session(str(folder / tower)).run(None, feeds)[0], atol=1e-5
+            plain_session(graph, folder).run(None, feeds)[0],
+            plain_session(str(folder / tower)).run(None, feeds)[0],
+            atol=1e-5,
         )
 
 
@@ -104,9 +89,11 @@ def _answers_kept(model, moved):
             for d in spec.type.tensor_type.shape.dim
         ]
         feeds[spec.name] = np.random.default_rng(2).normal(size=shape).astype(np.float32)
-    expected = _session(model.SerializeToString()).run(['y'], feeds)[0]
+    expected = plain_session(model.SerializeToString()).run(['y'], feeds)[0]
     assert pool_early(model) == moved
-    np.testing.assert_allclose(_session(model.SerializeToString()).run(['y'], feeds)[0], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        plain_session(model.SerializeToString()).run(['y'], feeds)[0], expected, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_a_plain_row_wise_graph_is_moved_whole():
