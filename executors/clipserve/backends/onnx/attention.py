@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clipserve.backends.onnx.graph_edit import drop_unused
+from clipserve.backends.onnx.graph_edit import drop_unused, has_subgraphs
 
 CONTRIB_DOMAIN = 'com.microsoft'
 # the q path, back from its scaling Mul to the in-projection's bias
@@ -35,8 +35,8 @@ def fuse_attention(model, folder: Path | None = None) -> int:
     `folder` holds its external data, for the small constants the match reads (a causal mask)."""
     from onnx import helper
 
-    if any(attr.type in (attr.GRAPH, attr.GRAPHS) for node in model.graph.node for attr in node.attribute):
-        return 0  # subgraphs may read names this module cannot see; such graphs are left alone
+    if has_subgraphs(model.graph):
+        return 0
     graph = _Graph(model.graph, folder)
     layers = [layer for softmax in graph.nodes_of('Softmax') if (layer := _match(graph, softmax))]
     for index, layer in enumerate(layers):

@@ -1,9 +1,15 @@
-"""What the graph rewrites made at load (backends/onnx/attention.py, pooled_rows.py) share: the shapes an onnx
-graph declares, and removing what nothing reads any more."""
+"""What the graph rewrites made at load (backends/onnx/attention.py, pooled_rows.py) share: whether a graph has
+subgraphs, the shapes it declares, and removing what nothing reads any more."""
 
 from __future__ import annotations
 
 Dim = int | str | None  # a size, a named (symbolic) size, or unknown
+
+
+def has_subgraphs(graph) -> bool:
+    """Whether a node holds a graph of its own (If, Loop, Scan): those may read names the rewrites cannot see,
+    so such graphs are left alone."""
+    return any(attr.type in (attr.GRAPH, attr.GRAPHS) for node in graph.node for attr in node.attribute)
 
 
 def shapes_of(graph) -> dict[str, tuple[Dim, ...]]:

@@ -12,7 +12,7 @@ move; the backend checks a rewritten graph against the original on a sample befo
 
 from __future__ import annotations
 
-from clipserve.backends.onnx.graph_edit import drop_unused, shapes_of
+from clipserve.backends.onnx.graph_edit import drop_unused, has_subgraphs, shapes_of
 
 # operators applied to each element alone; ONNX's broadcasting rules apply to their inputs
 _ELEMENTWISE = {'Add', 'Sub', 'Mul', 'Div', 'Erf', 'Tanh', 'Sigmoid', 'Relu', 'Sqrt', 'Cast', 'Gelu', 'Identity'}
@@ -25,8 +25,8 @@ def pool_early(model) -> int:
     """Moves each pooling of `model` (an onnx ModelProto) above the row-wise operators that feed it alone;
     how many operators now run on the pooled rows only."""
     graph = model.graph
-    if any(attr.type in (attr.GRAPH, attr.GRAPHS) for node in graph.node for attr in node.attribute):
-        return 0  # subgraphs may read names this module cannot see; such graphs are left alone
+    if has_subgraphs(graph):
+        return 0
     shapes = shapes_of(graph)
     moved = 0
     for pooling in [node for node in graph.node if _is_pooling(node, shapes)]:
