@@ -60,13 +60,8 @@ def _move_above(graph, pooling, shapes) -> int:
     region = _region(graph, pooling, consumers, static, shapes)
     if not region:
         return 0
-    produced = {node.output[0] for node in region}
-    frontier = []
-    for node in region:
-        for name in node.input:
-            if name and name not in static and name not in produced and name not in frontier:
-                frontier.append(name)
-    pooled = {name: name + _SUFFIX for name in produced | set(frontier)}
+    frontier = _inputs_from_outside(region, static)
+    pooled = {name: name + _SUFFIX for name in [node.output[0] for node in region] + frontier}
     nodes = [_copy(pooling, [name, *pooling.input[1:]], [pooled[name]]) for name in frontier]
     for node in region:  # graph order, which is topological
         nodes.append(_copy(node, [pooled.get(name, name) for name in node.input], [pooled[node.output[0]]]))
@@ -96,16 +91,23 @@ def _region(graph, pooling, consumers, static, shapes) -> list:
             if all(id(user) in inside for user in users):
                 members.append(node)
                 inside.add(id(node))
-        produced = {node.output[0] for node in members}
         misfits = [
-            node
-            for node in members
-            for name in node.input
-            if name and name not in static and name not in produced and not _same_rows(shapes.get(name), pooled_shape)
+            name for name in _inputs_from_outside(members, static) if not _same_rows(shapes.get(name), pooled_shape)
         ]
         if not misfits:
             return members[::-1]
-        excluded.update(id(node) for node in misfits)
+        excluded.update(id(node) for node in members if any(name in misfits for name in node.input))
+
+
+def _inputs_from_outside(nodes, static) -> list[str]:
+    """The non-constant inputs of `nodes` that none of them makes, once each, in the order first read."""
+    produced = {node.output[0] for node in nodes}
+    outside: list[str] = []
+    for node in nodes:
+        for name in node.input:
+            if name and name not in static and name not in produced and name not in outside:
+                outside.append(name)
+    return outside
 
 
 def _row_wise(node, static, shapes) -> bool:
