@@ -38,7 +38,7 @@ EMULATED = [
     'tests/unit/test_openvino_backend.py',
 ]
 NEEDS_TORCH = 'not equals_torch and not cpus_only'  # their torch halves run in the native AVX2 run below
-TORCH = ['tests/unit/test_torch_backend.py']
+TORCH = ['tests/unit/test_torch_backend.py', 'tests/unit/test_torch_packed_weights.py']
 TORCH_AVX2 = {'ATEN_CPU_CAPABILITY': 'avx2', 'ONEDNN_MAX_CPU_ISA': 'AVX2'}
 
 

@@ -123,14 +123,23 @@ def test_a_model_that_cannot_load_in_place_loads_as_open_clip_does(tmp_path, tin
 
 
 def test_a_checkpoint_loads_in_the_requested_precision(tmp_path, tiny_backend):
-    """Same per-tensor dtypes as open_clip's own create_model gives for bf16 (its mixed precision rule)."""
+    """Same per-tensor dtypes as open_clip's own create_model gives for bf16 (its mixed precision rule), as
+    the backend loads them (before a CPU backend packs its bf16 blocks: test_torch_packed_weights.py)."""
+    from clipserve.models.names import parse_model_name
+    from clipserve.models.registry import build_model, resolve
+
     path = _save(tiny_backend.model.state_dict(), tmp_path / 'w.safetensors')
-    loaded = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu', dtype='bf16'))
+    loaded = build_model(resolve(parse_model_name(f'clipserve-tiny::{path}')), device='cpu', precision='bf16')
     reference = open_clip.create_model(TINY.split('::')[0], pretrained=str(path), precision='bf16', device='cpu')
-    assert {k: v.dtype for k, v in loaded.model.state_dict().items()} == {
+    assert {k: v.dtype for k, v in loaded.state_dict().items()} == {
         k: v.dtype for k, v in reference.state_dict().items()
     }
-    assert torch.bfloat16 in {p.dtype for p in loaded.model.parameters()}
+    assert torch.bfloat16 in {p.dtype for p in loaded.parameters()}
+    backend = create_backend('torch', f'clipserve-tiny::{path}', BackendOptions(device='cpu', dtype='bf16'))
+    assert backend.dtype == 'bf16'
+    pixels = np.random.default_rng(0).normal(size=(2, 3, 224, 224)).astype(np.float32)
+    cosines = _cosines(backend.encode_images(pixels), tiny_backend.encode_images(pixels))
+    assert cosines.min() > 0.999
 
 
 def test_a_checkpoint_is_held_once_in_memory(tmp_path):
@@ -326,15 +335,19 @@ def test_the_image_tower_is_found_by_running_both_towers(tiny_backend):
 
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
 def test_the_text_blocks_attention_on_the_batch_first_layout_is_multihead_attentions_arithmetic(dtype):
+    """As the model loads (a CPU backend then packs bf16 blocks: test_torch_packed_weights.py)."""
+    from clipserve.models.names import parse_model_name
+    from clipserve.models.registry import build_model, resolve
     from clipserve.models.towers import TextTower
 
-    backend = create_backend('torch', TINY, BackendOptions(device='cpu', dtype=dtype))
-    assert backend.text_tower.blocks is not None  # open_clip's plain blocks: the packed path runs
-    tokens = Tokenizer(backend.context_length)(TEXTS[:4])
-    packed = backend.encode_texts(tokens.input_ids, tokens.attention_mask)
-    backend.text_tower = TextTower(backend.model)  # nn.MultiheadAttention's own path
-    assert backend.text_tower.blocks is None
-    np.testing.assert_array_equal(packed, backend.encode_texts(tokens.input_ids, tokens.attention_mask))
+    model = build_model(resolve(parse_model_name(TINY)), device='cpu', precision=dtype)
+    batch_first, own = TextTower(model, packed_attention=True), TextTower(model)
+    assert batch_first.blocks is not None and own.blocks is None  # open_clip's plain blocks; MultiheadAttention's path
+    tokens = Tokenizer(77)(TEXTS[:4])
+    width = int(tokens.lengths.max())
+    ids, mask = (torch.from_numpy(a[:, :width]) for a in (tokens.input_ids, tokens.attention_mask))
+    with torch.inference_mode():
+        np.testing.assert_array_equal(batch_first(ids, mask).float().numpy(), own(ids, mask).float().numpy())
 
 
 def test_blocks_that_are_not_open_clips_plain_self_attention_keep_their_own_forward(tiny_backend):

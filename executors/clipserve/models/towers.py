@@ -90,30 +90,44 @@ def packed_blocks(model: torch.nn.Module) -> list | None:
     blocks = list(getattr(transformer, 'resblocks', []))
     if not blocks or not getattr(transformer, 'batch_first', False):
         return None
-    for block in blocks:
-        attn = getattr(block, 'attn', None)
-        if (
-            type(block).__name__ != 'ResidualAttentionBlock'
-            or hasattr(block, 'ln_1_kv')
-            or not isinstance(attn, torch.nn.MultiheadAttention)
-            or not (attn.batch_first and attn._qkv_same_embed_dim and attn.in_proj_bias is not None)
-        ):
-            return None
-    return blocks
+    return blocks if all(plain_block(block) for block in blocks) else None
+
+
+def plain_block(block: torch.nn.Module) -> bool:
+    """True for open_clip's ResidualAttentionBlock doing batch-first self-attention through nn.MultiheadAttention
+    with one packed input projection (not a cross-attention block)."""
+    attn = getattr(block, 'attn', None)
+    return (
+        type(block).__name__ == 'ResidualAttentionBlock'
+        and not hasattr(block, 'ln_1_kv')
+        and isinstance(attn, torch.nn.MultiheadAttention)
+        and attn.batch_first
+        and attn._qkv_same_embed_dim
+        and attn.in_proj_bias is not None
+    )
 
 
 def packed_block(block: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """open_clip's ResidualAttentionBlock.forward on `x` [B, L, D], the attention's products on contiguous
     batch-first tensors: the same arithmetic as nn.MultiheadAttention at inference."""
     attn = block.attn
-    batch, length, width = x.shape
-    y = block.ln_1(x)
-    qkv = torch.nn.functional.linear(y, attn.in_proj_weight, attn.in_proj_bias)
-    q, k, v = qkv.view(batch, length, 3, attn.num_heads, width // attn.num_heads).permute(2, 0, 3, 1, 4)
-    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    y = attn.out_proj(y.transpose(1, 2).reshape(batch, length, width))
+    y = batch_first_attention(
+        block.ln_1(x),
+        lambda y: torch.nn.functional.linear(y, attn.in_proj_weight, attn.in_proj_bias),
+        attn.out_proj,
+        attn.num_heads,
+        mask,
+    )
     x = x + block.ls_1(y)
     return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
+def batch_first_attention(x, in_proj, out_proj, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """Self-attention of `x` [B, L, D] given its packed input projection (D -> 3D) and its output projection."""
+    batch, length, width = x.shape
+    q, k, v = in_proj(x).view(batch, length, 3, num_heads, width // num_heads).permute(2, 0, 3, 1, 4)
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out_proj(y.transpose(1, 2).reshape(batch, length, width))
 
 
 def sigmoid_logits(model: torch.nn.Module) -> tuple[float, float] | None:

@@ -11,6 +11,7 @@ from PIL import Image
 from clipserve.backends.base import Backend, BackendOptions
 from clipserve.backends.devices import check_index, parse_device
 from clipserve.backends.precision import resolve_precision
+from clipserve.backends.torch.packed_weights import pack_blocks
 from clipserve.errors import BackendUnavailableError
 from clipserve.models.dtypes import TORCH_DTYPES
 from clipserve.models.names import parse_model_name
@@ -69,10 +70,12 @@ class TorchBackend(Backend):
         self.tokenizer = make_tokenizer(resolved.text, tokenizer_folder(resolved))
         self.pad_id = int(getattr(self.tokenizer, 'pad_id', 0))
         self.model = build_model(resolved, device=self.device, precision=self.precision.texts)
-        self.text_tower = TextTower(self.model, packed_attention=True)
         self._image_dtype = TORCH_DTYPES[self.precision.texts]
         if self.precision.images != self.precision.texts:
             self._cast_image_tower(TORCH_DTYPES[self.precision.images])
+        # after every cast: bf16 blocks on a CPU get their weights laid out for oneDNN once (packed_weights.py)
+        self.packed_blocks = pack_blocks(self.model) if self.device == 'cpu' else 0
+        self.text_tower = TextTower(self.model, packed_attention=True)
         self.sigmoid_logits = sigmoid_logits(self.model)
         self.trims_padding = self.text_tower.trimmed and trim_padding
         self.output = resolved.output
