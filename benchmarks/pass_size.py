@@ -7,10 +7,11 @@ Two measures, taken in turn in each round (medians over the rounds):
   caption repeated, at 1, 8, 16, 32 and 256 rows a pass: milliseconds a pass, texts a second, and each size's
   rate against 256 rows (the in-process default);
 - the text tower's weight matrices alone, each multiplied by as many rows as one caption has tokens (and by
-  four times as many), in float32 and in bfloat16: one pass's matrix products. When their time follows the
-  weights' bytes (bfloat16's half of float32's) and hardly the rows, a small pass is bound by reading the
-  weights from memory: a fixed cost a pass, which a neighbour's memory traffic slows, and which only more
-  rows a pass (merged requests) or fewer weight bytes amortise.
+  four times as many), in float32, in bfloat16, and in bfloat16 laid out for oneDNN once (the torch backend's
+  packed blocks on a CPU with native bf16; PyTorch's own bfloat16 product copies each weight into that layout
+  on every call): one pass's matrix products. When their time follows the weights' bytes and hardly the rows,
+  a small pass is bound by reading the weights from memory: a fixed cost a pass, which a neighbour's memory
+  traffic slows, and which only more rows a pass (merged requests) or fewer weight bytes amortise.
 Prints a table, writes benchmarks/results/pass_size.json and a plot.
 """
 
@@ -33,42 +34,52 @@ def per_call_ms(fn, seconds: float) -> float:
     return 1000 / sustained_rate(fn, 1, seconds)
 
 
-def text_weights(backend) -> list:
-    """The 2-d weight matrices of the text tower (open_clip's `transformer`); [] for other model families."""
-    tower = getattr(getattr(backend, 'model', None), 'transformer', None)
+def text_weights(name: str) -> list:
+    """The 2-d weight matrices of the text tower (open_clip's `transformer`) as the model loads, in float32 (the
+    backend's own may be packed: opaque); [] for other model families."""
+    from clipserve.models.names import parse_model_name
+    from clipserve.models.registry import build_model, resolve
+
+    model = build_model(resolve(parse_model_name(name)), device='cpu', precision='fp32')
+    tower = getattr(model, 'transformer', None)
     if tower is None:
         return []
     return [p.detach() for name, p in tower.named_parameters() if p.ndim == 2 and name.endswith('weight')]
 
 
-def weight_reads(weights: list, rows: int, dtype) -> tuple:
-    """(a function multiplying `rows` rows by every weight matrix in `dtype`, the matrices' megabytes)."""
+def weight_reads(weights: list, rows: int, kind: str) -> tuple:
+    """(a function multiplying `rows` rows by every weight matrix as `kind` says, the matrices' megabytes)."""
     import torch
 
+    from clipserve.backends.torch.packed_weights import PackedLinear
+
+    dtype = torch.float32 if kind == 'float32' else torch.bfloat16
     cast = [w.to(dtype).contiguous() for w in weights]
     inputs = {w.shape[1]: torch.randn(rows, w.shape[1]).to(dtype) for w in cast}
+    if kind == 'bfloat16, packed':
+        products = [(inputs[w.shape[1]], PackedLinear(w, None)) for w in cast]
+    else:
+        products = [(inputs[w.shape[1]], lambda x, w=w: torch.nn.functional.linear(x, w)) for w in cast]
 
     def run():
         with torch.inference_mode():
-            for w in cast:
-                torch.nn.functional.linear(inputs[w.shape[1]], w)
+            for x, product in products:
+                product(x)
 
     return run, sum(w.numel() * w.element_size() for w in cast) / 1e6
 
 
-def measure(model, rounds: int, seconds: float) -> dict:
-    import torch
+def measure(model, name: str, rounds: int, seconds: float) -> dict:
+    from clipserve.backends.torch.packed_weights import onednn_computes_bf16
 
     backend = model.backend
     batch = backend.tokenizer([CAPTION] * max(ROWS))
     ids, tokens = np.asarray(batch.input_ids), int(np.asarray(batch.attention_mask)[0].sum())
     passes = {rows: (lambda rows=rows: backend.encode_texts(ids[:rows])) for rows in ROWS}
-    weights = text_weights(backend)
+    weights = text_weights(name)
+    kinds = ('float32', 'bfloat16') + (('bfloat16, packed',) if onednn_computes_bf16() else ())
     reads = {
-        (str(d).removeprefix('torch.'), rows): weight_reads(weights, rows, d)
-        for d in (torch.float32, torch.bfloat16)
-        for rows in (tokens, 4 * tokens)
-        if weights
+        (kind, rows): weight_reads(weights, rows, kind) for kind in kinds for rows in (tokens, 4 * tokens) if weights
     }
     pass_ms = {rows: [] for rows in ROWS}
     read_ms = {key: [] for key in reads}
@@ -144,7 +155,7 @@ def main() -> None:
             'model': args.model,
             'precision': model.precision,
             'machine': machine(),
-            **measure(model, args.rounds, args.seconds),
+            **measure(model, args.model, args.rounds, args.seconds),
         }
     print(table(results))
     path = save('pass_size', results)
