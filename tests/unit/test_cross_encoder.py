@@ -92,6 +92,35 @@ def test_onnx_fp32_runs_the_last_layer_on_the_first_token_only(checkpoint, caplo
     assert 'operators of the last layer run on the pooled rows only' in caplog.text
 
 
+def test_torch_bf16_on_a_cpu_packs_its_linear_layers_and_scores_as_transformers_bf16(checkpoint, monkeypatch, caplog):
+    """Packed where oneDNN computes bf16 (backends/torch/packed_weights.py): the same products, so the scores
+    of transformers' own bf16 model; a packed model answering its sample differently stays as it was."""
+    from clipserve.backends.torch import packed_weights
+
+    spec = resolve_cross_encoder(str(checkpoint))
+    with caplog.at_level(logging.INFO, logger=packed_weights.__name__):
+        encoder = create_cross_encoder('torch', spec, RerankOptions(dtype='bf16'))
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    if not packed_weights.onednn_computes_bf16():  # an AVX2 CPU: bf16 products run outside oneDNN
+        assert encoder.packed_linears == 0
+        return
+    assert encoder.packed_linears == len(linears) > 0 and 'linear layers laid out for oneDNN' in caplog.text
+    inputs, _ = reference(checkpoint, DOCUMENTS)
+    with torch.inference_mode():
+        want = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits[:, 0].float().numpy()
+    np.testing.assert_array_equal(encoder.score(*(inputs[name] for name in spec.input_names)), want)
+
+    plain = packed_weights.PackedLinear.forward
+    monkeypatch.setattr(packed_weights.PackedLinear, 'forward', lambda self, x: plain(self, x) * 1.5)
+    with caplog.at_level(logging.INFO, logger=packed_weights.__name__):
+        broken = create_cross_encoder('torch', spec, RerankOptions(dtype='bf16'))
+    assert broken.packed_linears == 0 and 'left unpacked' in caplog.text
+    monkeypatch.undo()
+    assert not any(isinstance(m, packed_weights.PackedLinear) for m in broken.model.modules())
+    np.testing.assert_array_equal(broken.score(*(inputs[name] for name in spec.input_names)), want)
+
+
 def test_int8_is_measured_against_fp32_before_it_serves(checkpoint, monkeypatch):
     """int8 that drifts past the bound is refused with the figures, served when forced. The bound is set below
     any drift here: the tiny random model's int8 (its first block and last layer in float) lands near the real

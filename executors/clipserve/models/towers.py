@@ -123,7 +123,7 @@ def packed_block(block: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor) ->
 
 
 def batch_first_attention(x, in_proj, out_proj, num_heads: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """Self-attention of `x` [B, L, D] given its packed input projection (D -> 3D) and its output projection."""
+    """Self-attention of `x` [B, L, D] given its joint q/k/v input projection (D -> 3D) and its output projection."""
     batch, length, width = x.shape
     q, k, v = in_proj(x).view(batch, length, 3, num_heads, width // num_heads).permute(2, 0, 3, 1, 4)
     y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)

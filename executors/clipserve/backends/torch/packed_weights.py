@@ -6,12 +6,14 @@ it weighs most on the small passes a server runs for short queries. Packing each
 (what torch.compile's freezing does for the same kernels) leaves the products as they were and drops the
 copy. The attention of open_clip's plain blocks is computed on the batch-first layout
 (models/towers.py: the text tower's arithmetic), so that its two projections are packed too: without
-nn.MultiheadAttention, the text tower runs its blocks' own forward.
+nn.MultiheadAttention, the text tower runs its blocks' own forward. A reranker (transformers) calls its
+linear modules, which are packed one by one.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 
@@ -81,6 +83,33 @@ def pack_blocks(model: torch.nn.Module) -> int:
         _pack(block)
     logger.info('bf16 weights of %d transformer blocks laid out for oneDNN at load', len(blocks))
     return len(blocks)
+
+
+def pack_linears(model: torch.nn.Module, sample: Callable[[], torch.Tensor]) -> int:
+    """Pack every bf16 nn.Linear of a CPU `model` (a transformers reranker: its layers call their linear
+    modules); returns how many. `sample` runs the model on a sample input: unless the packed model answers it
+    as before, every layer stays as it was (and the log says why)."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16 and child.weight.device.type == 'cpu'
+    ]
+    if not swaps or not onednn_computes_bf16():
+        return 0
+    try:
+        with torch.inference_mode():
+            expected = sample()
+            for parent, name, child in swaps:
+                setattr(parent, name, PackedLinear(child.weight, child.bias))
+            torch.testing.assert_close(sample(), expected, rtol=2e-2, atol=2e-2)
+    except Exception as e:  # noqa: BLE001 - any failure: the layers as they were
+        for parent, name, child in swaps:
+            setattr(parent, name, child)
+        logger.info('bf16 weights left unpacked: the packed model did not answer as the plain one (%s)', e)
+        return 0
+    logger.info('bf16 weights of %d linear layers laid out for oneDNN at load', len(swaps))
+    return len(swaps)
 
 
 def onednn_computes_bf16() -> bool:
