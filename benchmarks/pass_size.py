@@ -34,13 +34,16 @@ def per_call_ms(fn, seconds: float) -> float:
     return 1000 / sustained_rate(fn, 1, seconds)
 
 
-def text_weights(name: str) -> list:
-    """The 2-d weight matrices of the text tower (open_clip's `transformer`) as the model loads, in float32 (the
-    backend's own may be packed: opaque); [] for other model families."""
+def loaded_model(name: str):
+    """The model as it loads, in float32: the backend's own bf16 blocks may be packed (opaque weights)."""
     from clipserve.models.names import parse_model_name
     from clipserve.models.registry import build_model, resolve
 
-    model = build_model(resolve(parse_model_name(name)), device='cpu', precision='fp32')
+    return build_model(resolve(parse_model_name(name)), device='cpu', precision='fp32')
+
+
+def text_weights(model) -> list:
+    """The 2-d weight matrices of the text tower (open_clip's `transformer`); [] for other model families."""
     tower = getattr(model, 'transformer', None)
     if tower is None:
         return []
@@ -76,7 +79,7 @@ def measure(model, name: str, rounds: int, seconds: float) -> dict:
     batch = backend.tokenizer([CAPTION] * max(ROWS))
     ids, tokens = np.asarray(batch.input_ids), int(np.asarray(batch.attention_mask)[0].sum())
     passes = {rows: (lambda rows=rows: backend.encode_texts(ids[:rows])) for rows in ROWS}
-    weights = text_weights(name)
+    weights = text_weights(loaded_model(name))
     kinds = ('float32', 'bfloat16') + (('bfloat16, packed',) if onednn_computes_bf16() else ())
     reads = {
         (kind, rows): weight_reads(weights, rows, kind) for kind in kinds for rows in (tokens, 4 * tokens) if weights
