@@ -33,9 +33,10 @@ def _embed(model):
     size = model.visual.image_size
     size = size if isinstance(size, tuple) else (size, size)
     pixels = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, *size)).astype(np.float32))
+    width = int(tokens.lengths.max())  # trimmed to the longest text, as the backend runs them
     with torch.inference_mode():
         texts = TextTower(model, packed_attention=True)(
-            torch.from_numpy(tokens.input_ids[:, :12]), torch.from_numpy(tokens.attention_mask[:, :12])
+            torch.from_numpy(tokens.input_ids[:, :width]), torch.from_numpy(tokens.attention_mask[:, :width])
         )
         images = model.encode_image(pixels.to(torch.bfloat16))
     return texts.float().numpy(), images.float().numpy()
