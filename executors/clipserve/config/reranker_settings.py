@@ -44,7 +44,7 @@ RERANKER_SETTINGS: tuple[Setting, ...] = (
         'batch_wait_ms',
         'float',
         5.0,
-        'How long a forward pass that is not full waits for pairs of requests still on their way.',
+        'How long a forward pass that is not full waits for pairs of requests still on their way (0: never).',
         minimum=0,
     ),
     _s(

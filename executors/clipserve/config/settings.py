@@ -91,7 +91,7 @@ EXECUTOR_SETTINGS: tuple[Setting, ...] = (
         'batch_wait_ms',
         'float',
         5.0,
-        'How long a forward pass that is not full waits for requests still on their way.',
+        'How long a forward pass that is not full waits for requests still on their way (0: it never waits).',
         minimum=0,
         section='batching',
     ),

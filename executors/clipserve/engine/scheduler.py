@@ -18,7 +18,9 @@ is built as follows:
   rows as a small request has (its own first), so a query image waits for the pass running now and
   a short one of its own;
 - with `max_wait` set, a batch that is not full waits up to that long for more rows while other
-  requests are still on their way (admitted, not yet handed over);
+  requests are still on their way (admitted, not yet handed over), and then, while fewer requests wait
+  than were around the last pass of its kind, up to a share of that pass's time for the clients just
+  answered to send their next (engine/expected_requests.py);
 - a job whose deadline has passed, or whose future was cancelled, is dropped before it runs.
 Each caller gets exactly its own rows back, in order. A model failure fails the jobs of that batch only.
 """
@@ -35,6 +37,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from clipserve.engine.expected_requests import SHARE_OF_PASS, ExpectedRequests
 from clipserve.engine.small_requests import SmallRequests
 from clipserve.errors import DeadlineExceededError
 
@@ -120,6 +123,7 @@ class Scheduler:
     ):
         self.tasks = dict(tasks)
         self.max_wait = max_wait
+        self.expected = ExpectedRequests(SHARE_OF_PASS if max_wait else 0.0)
         self.others_in_flight = others_in_flight
         self.on_wait = on_wait  # (kind, seconds from submit to its first rows running): for metrics
         self.on_pass = on_pass  # (kind, rows, seconds in the model) after each pass that ran: for metrics
@@ -300,14 +304,40 @@ class Scheduler:
                     break
                 self._lock.wait()
             if self.batching:
-                kind = self._waiting[self._order()[0]][0].kind
-                queued = sum(job.left for jobs in self._waiting.values() for job in jobs if job.kind == kind)
-                if queued < self.tasks[kind].batch and self.others_in_flight():
-                    self._lock.wait(self.max_wait)  # more rows may be on their way
-                    self._drop_stale()
-                    if self._closed or not self._waiting:
-                        return [] if not self._closed else None
+                self._wait_for_company()
+                if self._closed or not self._waiting:
+                    return [] if not self._closed else None
             return self._build()
+
+    def _wait_for_company(self) -> None:
+        """Let a pass that is not full wait for rows on their way (lock held): once for requests admitted and
+        not yet queued (`others_in_flight`, up to `max_wait`), then for requests expected back
+        (expected_requests.py)."""
+        if self._queued_short() is not None and self.others_in_flight():
+            self._lock.wait(self.max_wait)
+            self._drop_stale()
+        started = time.monotonic()
+        while (short := self._queued_short()) is not None:
+            kind, requests = short
+            left = started + self.expected.allowed(kind, requests) - time.monotonic()
+            if left <= 0:
+                return
+            self._lock.wait(left)
+            self._drop_stale()
+
+    def _queued_short(self) -> tuple[str, int] | None:
+        """(kind, requests waiting for it) when the next pass's kind has fewer rows queued than its batch
+        (lock held); None when it is full, or nothing waits, or the scheduler is closed."""
+        if self._closed or not self._waiting:
+            return None
+        kind = self._waiting[self._order()[0]][0].kind
+        requests = [jobs for jobs in self._waiting.values() if any(job.kind == kind for job in jobs)]
+        queued = sum(job.left for jobs in requests for job in jobs if job.kind == kind)
+        return (kind, len(requests)) if queued < self.tasks[kind].batch else None
+
+    def _requests_waiting_for(self, kind: str) -> set:
+        with self._lock:
+            return {r for r, jobs in self._waiting.items() if any(job.kind == kind for job in jobs)}
 
     def _run(self, slices: list[_Slice]) -> None:
         kind = slices[0].job.kind
@@ -328,6 +358,9 @@ class Scheduler:
             seconds = time.perf_counter() - started
             self.batches_run += 1
             self.passes[kind].add(len(merged[0]), seconds)
+            if self.batching:
+                around = self._requests_waiting_for(kind) | {piece.job.request for piece in slices}
+                self.expected.after_pass(kind, len(around), seconds)
             self.on_pass(kind, len(merged[0]), seconds)
         except BaseException as error:  # a model failure fails exactly the jobs in this batch
             for job in {id(p.job): p.job for p in slices}.values():
