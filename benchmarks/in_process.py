@@ -8,7 +8,7 @@ caption a call, pooling and normalisation off since the graph pools) is the base
 configuration is measured between two FastEmbed windows (common.bracketed), so its ratio holds on a busy
 machine. In process: Model(backend='onnx') on the very export FastEmbed runs, and Model(backend='torch') at
 its default precision, 256 captions a call, each with its default forward pass (Model's batch_size), and the
-torch Model again at 16 captions a forward pass (the passes the served torch Flow merges here). Served
+torch Model again at 32 captions a forward pass (the passes the served torch Flow merges here). Served
 (served_rates.py, unless --no-served): `clipserve serve` on the same export (onnx; 1 and 4 clients) and on
 the default torch backend at its default precision (4 clients), clients of 8 short captions a request, over
 gRPC (Jina's client, /encode) and over HTTP (/v1/embeddings); each also as a fraction of its backend's model
@@ -42,7 +42,7 @@ CAPTION = 'a photo of a small brown dog running on the beach'
 IMAGES = 64  # per call
 SERVED_TEXTS = 8  # per request
 SERVED_IMAGES = 8  # per request (gRPC)
-SERVED_PASS = 16  # texts a forward pass, in process, beside the served rows: what 2 of 4 clients' requests make
+SERVED_PASS = 32  # texts a forward pass, in process, beside the served rows: what 4 clients' requests make
 CLIENTS = (1, 4)
 
 
@@ -198,7 +198,7 @@ def main() -> None:
         onnx = Model(args.model, backend='onnx', model_path=str(export))
         torch = Model(args.model, backend='torch')
         models = {'clipserve onnx': onnx, f'clipserve torch ({torch.precision})': torch}
-        # the torch Flow's clients (4 x 8 captions) give its passes at most 32 rows, often 16 (served_passes)
+        # the torch Flow's clients (4 x 8 captions) give its passes at most 32 rows (served_passes)
         small = Model(args.model, backend='torch', batch_size=SERVED_PASS)
         small_passes = {f'clipserve torch ({small.precision}), {SERVED_PASS} a pass': small}
         with contextlib.ExitStack() as flows:
