@@ -9,6 +9,7 @@ import numpy as np
 
 from clipserve.engine.expected_requests import SHARE_OF_PASS, ExpectedRequests
 from clipserve.engine.scheduler import Scheduler, Task
+from clipserve.engine.small_requests import SmallRequests
 
 TIMEOUT = 60  # a failure's bound, never reached when the code is right
 
@@ -42,10 +43,10 @@ def test_the_rule_waits_only_while_fewer_requests_wait_than_were_around_the_last
     assert ExpectedRequests(share_of_pass=0.0).allowed('texts', 0) == 0.0
 
 
-def busy_scheduler(share: float) -> tuple[Scheduler, GatedModel, list]:
+def busy_scheduler(share: float, short_for: SmallRequests | None = None) -> tuple[Scheduler, GatedModel, list]:
     """A scheduler whose first pass (request 1) ran while requests 2 and 3 queued: three were around it."""
     model = GatedModel()
-    scheduler = Scheduler({'x': Task(model, batch=8)}, max_wait=0.001)
+    scheduler = Scheduler({'x': Task(model, batch=8, short_for=short_for)}, max_wait=0.001)
     scheduler.expected.share_of_pass = share
     model.gate.clear()
     first = scheduler.submit('x', rows(1), request=1)
@@ -73,6 +74,16 @@ def test_expected_requests_that_never_come_cost_one_bounded_wait_and_the_expecta
     assert model.batches == [[1, 1], [2, 2, 3, 3]]
     assert scheduler.expected.expected['x'] == 2  # the pass that waited in vain sets the next expectation
     scheduler.close()
+
+
+def test_a_small_newcomers_short_pass_does_not_wait_for_expected_requests():
+    # images on a CPU: a pass led by a small request that has had nothing is short and runs next (a person waits)
+    # three were around the first pass, two wait; a wait would last far beyond TIMEOUT (the bound: 1e7 passes)
+    scheduler, model, queued = busy_scheduler(share=1e7, short_for=SmallRequests(documents=4))
+    for tag, future in zip((2, 3), queued):
+        np.testing.assert_array_equal(future.result(TIMEOUT), rows(10 * tag))
+    scheduler.close()
+    assert model.batches == [[1, 1], [2, 2, 3, 3]]
 
 
 def test_a_lone_client_never_waits():

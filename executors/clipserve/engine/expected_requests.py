@@ -1,14 +1,14 @@
 """How long a forward pass that is not full waits for requests expected back: the rule, apart from the queue.
 
-Clients that send their next request when the last is answered (most pipelines, most benchmarks) are away
-while their answer travels back and their next request comes in. A replica that answers half of them while
-the other half wait settles into passes of half the clients each: twice as many passes of half the rows,
-each sharing the CPU with the other half's requests in transit. So a pass waits while fewer requests wait
-for it than were around the last pass of its kind (in it, or queued when it ended), at most a share of that
-last pass's own time: passes that are short, as on a GPU, never wait long beside them. When the expected
-requests do not come (the clients stopped), one pass waits, and the next expectation is taken from that pass.
-A lone client's requests never wait. (The scheduler's other wait, for requests admitted to the replica and
-not yet queued, is `batch_wait_ms`.)
+Clients that send their next request when the last is answered (most pipelines, most benchmarks) are away while
+their answer travels back and their next request comes in. A replica that answers half of them while the other
+half wait settles into passes of half the clients each: twice as many passes of half the rows, each sharing the
+CPU with the other half's requests in transit. So a pass waits while fewer requests wait for it than were around
+the last pass of its kind (in it, or queued when it ended), at most a share of that last pass's own time: passes
+that are short, as on a GPU, never wait long beside them. When the expected requests do not come (the clients
+stopped), one pass waits, and the next expectation is taken from that pass. A lone client's requests never wait,
+nor does a small newcomer's short pass (engine/small_requests.py). (The scheduler's other wait, for requests
+admitted to the replica and not yet queued, is `batch_wait_ms`.)
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ is built as follows:
 - with `max_wait` set, a batch that is not full waits up to that long for more rows while other
   requests are still on their way (admitted, not yet handed over), and then, while fewer requests wait
   than were around the last pass of its kind, up to a share of that pass's time for the clients just
-  answered to send their next (engine/expected_requests.py);
+  answered to send their next (engine/expected_requests.py; not a small newcomer's short pass);
 - a job whose deadline has passed, or whose future was cancelled, is dropped before it runs.
 Each caller gets exactly its own rows back, in order. A model failure fails the jobs of that batch only.
 """
@@ -310,34 +310,32 @@ class Scheduler:
             return self._build()
 
     def _wait_for_company(self) -> None:
-        """Let a pass that is not full wait for rows on their way (lock held): once for requests admitted and
-        not yet queued (`others_in_flight`, up to `max_wait`), then for requests expected back
-        (expected_requests.py)."""
+        """Let a pass that is not full wait for rows on their way (lock held): once for requests admitted and not
+        yet queued (`others_in_flight`), then for requests expected back (expected_requests.py), unless it is a
+        small newcomer's short pass (whose wait is the person's)."""
         if self._queued_short() is not None and self.others_in_flight():
             self._lock.wait(self.max_wait)
             self._drop_stale()
         started = time.monotonic()
-        while (short := self._queued_short()) is not None:
-            kind, requests = short
-            left = started + self.expected.allowed(kind, requests) - time.monotonic()
+        while (short := self._queued_short()) is not None and not short[2]:
+            left = started + self.expected.allowed(*short[:2]) - time.monotonic()
             if left <= 0:
                 return
             self._lock.wait(left)
             self._drop_stale()
 
-    def _queued_short(self) -> tuple[str, int] | None:
-        """(kind, requests waiting for it) when the next pass's kind has fewer rows queued than its batch
-        (lock held); None when it is full, or nothing waits, or the scheduler is closed."""
+    def _queued_short(self) -> tuple[str, int, bool] | None:
+        """(kind, requests waiting for it, whether a small newcomer leads a short pass) when the next pass's kind
+        has fewer rows queued than its batch (lock held); None when it is full, or nothing waits, or closed."""
         if self._closed or not self._waiting:
             return None
-        kind = self._waiting[self._order()[0]][0].kind
+        order = self._order()
+        kind = self._waiting[order[0]][0].kind
+        small = self.tasks[kind].short_for
         requests = [jobs for jobs in self._waiting.values() if any(job.kind == kind for job in jobs)]
         queued = sum(job.left for jobs in requests for job in jobs if job.kind == kind)
-        return (kind, len(requests)) if queued < self.tasks[kind].batch else None
-
-    def _requests_waiting_for(self, kind: str) -> set:
-        with self._lock:
-            return {r for r, jobs in self._waiting.items() if any(job.kind == kind for job in jobs)}
+        leads_short = small is not None and self._is_small_newcomer(order[0], small)
+        return (kind, len(requests), leads_short) if queued < self.tasks[kind].batch else None
 
     def _run(self, slices: list[_Slice]) -> None:
         kind = slices[0].job.kind
@@ -359,8 +357,9 @@ class Scheduler:
             self.batches_run += 1
             self.passes[kind].add(len(merged[0]), seconds)
             if self.batching:
-                around = self._requests_waiting_for(kind) | {piece.job.request for piece in slices}
-                self.expected.after_pass(kind, len(around), seconds)
+                with self._lock:
+                    around = {r for r, jobs in self._waiting.items() if any(job.kind == kind for job in jobs)}
+                self.expected.after_pass(kind, len(around | {piece.job.request for piece in slices}), seconds)
             self.on_pass(kind, len(merged[0]), seconds)
         except BaseException as error:  # a model failure fails exactly the jobs in this batch
             for job in {id(p.job): p.job for p in slices}.values():
