@@ -4,6 +4,7 @@ The waits here end on arrivals (a submit), not on the clock: the bound on them i
 passes did not depend on it."""
 
 import threading
+import time
 
 import numpy as np
 
@@ -35,12 +36,21 @@ def rows(tag, n=2):
 
 def test_the_rule_waits_only_while_fewer_requests_wait_than_were_around_the_last_pass():
     rule = ExpectedRequests()
-    assert rule.allowed('texts', 1) == 0.0  # no pass yet: nothing expected
-    rule.after_pass('texts', requests_around=4, seconds=0.08)
-    assert rule.allowed('texts', 2) == SHARE_OF_PASS * 0.08
-    assert rule.allowed('texts', 4) == 0.0 and rule.allowed('texts', 5) == 0.0
-    assert rule.allowed('images', 1) == 0.0  # kinds are counted apart
-    assert ExpectedRequests(share_of_pass=0.0).allowed('texts', 0) == 0.0
+    assert rule.allowed('texts', 1, now=100.0) == 0.0  # no pass yet: nothing expected
+    rule.after_pass('texts', requests_around=4, seconds=0.08, ended=100.0)
+    assert rule.allowed('texts', 2, now=100.003) == SHARE_OF_PASS * 0.08
+    assert rule.allowed('texts', 4, now=100.003) == 0.0 and rule.allowed('texts', 5, now=100.003) == 0.0
+    assert rule.allowed('images', 1, now=100.003) == 0.0  # kinds are counted apart
+    off = ExpectedRequests(share_of_pass=0.0)
+    off.after_pass('texts', requests_around=4, seconds=0.08, ended=100.0)
+    assert off.allowed('texts', 0, now=100.003) == 0.0
+
+
+def test_a_request_that_comes_more_than_a_pass_after_the_last_one_ended_does_not_wait():
+    rule = ExpectedRequests()
+    rule.after_pass('texts', requests_around=4, seconds=0.08, ended=100.0)
+    assert rule.allowed('texts', 1, now=100.08) == SHARE_OF_PASS * 0.08  # still on its way back
+    assert rule.allowed('texts', 1, now=100.081) == 0.0  # the first after a pause
 
 
 def busy_scheduler(share: float, short_for: SmallRequests | None = None) -> tuple[Scheduler, GatedModel, list]:
@@ -92,7 +102,7 @@ def test_a_lone_client_never_waits():
     scheduler.expected.share_of_pass = 1e5
     for tag in range(1, 6):  # each request sent when the last is answered
         np.testing.assert_array_equal(scheduler.submit('x', rows(tag), request=tag).result(TIMEOUT), rows(10 * tag))
-        assert scheduler.expected.expected['x'] == 1 and scheduler.expected.allowed('x', 1) == 0.0
+        assert scheduler.expected.expected['x'] == 1 and scheduler.expected.allowed('x', 1, time.monotonic()) == 0.0
     scheduler.close()
 
 

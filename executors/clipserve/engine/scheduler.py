@@ -318,7 +318,7 @@ class Scheduler:
             self._drop_stale()
         started = time.monotonic()
         while (short := self._queued_short()) is not None and not short[2]:
-            left = started + self.expected.allowed(*short[:2]) - time.monotonic()
+            left = started + self.expected.allowed(*short[:2], started) - time.monotonic()
             if left <= 0:
                 return
             self._lock.wait(left)
@@ -359,7 +359,8 @@ class Scheduler:
             if self.batching:
                 with self._lock:
                     around = {r for r, jobs in self._waiting.items() if any(job.kind == kind for job in jobs)}
-                self.expected.after_pass(kind, len(around | {piece.job.request for piece in slices}), seconds)
+                around |= {piece.job.request for piece in slices}
+                self.expected.after_pass(kind, len(around), seconds, time.monotonic())
             self.on_pass(kind, len(merged[0]), seconds)
         except BaseException as error:  # a model failure fails exactly the jobs in this batch
             for job in {id(p.job): p.job for p in slices}.values():
