@@ -1,5 +1,6 @@
 """The exported attention fused into onnxruntime's Attention operator (backends/onnx/attention.py, fused.py):
-every layer of both towers found, the same answers as the graph as exported, and anything else left alone."""
+every layer of both towers found, the same answers as the graph as exported, and anything else left alone. The
+form the int8 copies start from (MultiHeadAttention after an in-projection of its own) is checked the same way."""
 
 import logging
 
@@ -21,8 +22,8 @@ LAYERS = 2  # clipserve-tiny's towers each have two
 HEADS = 2
 
 
-def _attention_nodes(model):
-    return [node for node in model.graph.node if node.op_type == 'Attention' and node.domain == 'com.microsoft']
+def _attention_nodes(model, op='Attention'):
+    return [node for node in model.graph.node if node.op_type == op and node.domain == 'com.microsoft']
 
 
 @pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
@@ -45,6 +46,30 @@ def test_the_fused_graph_answers_as_the_exported_one(tiny_onnx_export, tower):
     assert f"{LAYERS} attention layers fused into onnxruntime's Attention" in done
     exported, rewritten = plain_session(str(tiny_onnx_export / tower)), plain_session(graph, tiny_onnx_export)
     for rows in (1, 3):  # texts of different lengths padded together, and one alone
+        feeds = tower_feeds(tower, rows)
+        expected, answer = exported.run(None, feeds)[0], rewritten.run(None, feeds)[0]
+        np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.precision
+@pytest.mark.parametrize('tower', ['visual.onnx', 'textual.onnx'])
+def test_the_in_projection_can_stay_a_matmul_of_its_own(tiny_onnx_export, tower):
+    """The form a quantizer starts from: the in-projection a MatMul by the same weight, MultiHeadAttention after."""
+    graph, done = fused.rewritten_graph(tiny_onnx_export / tower, projection_inside=False)
+    assert f"{LAYERS} attention layers fused into onnxruntime's MultiHeadAttention" in done
+    model = onnx.ModelProto.FromString(graph)
+    nodes = _attention_nodes(model, 'MultiHeadAttention')
+    assert (
+        len(nodes) == LAYERS and not _attention_nodes(model) and 'Softmax' not in [n.op_type for n in model.graph.node]
+    )
+    weights = {t.name for t in model.graph.initializer}
+    in_projections = [n for n in model.graph.node if n.op_type == 'MatMul' and n.name.endswith('_in')]
+    assert len(in_projections) == LAYERS and all(n.input[1] in weights for n in in_projections)
+    for node in nodes:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attributes['num_heads'], attributes['unidirectional']) == (HEADS, tower == 'textual.onnx')
+    exported, rewritten = plain_session(str(tiny_onnx_export / tower)), plain_session(graph, tiny_onnx_export)
+    for rows in (1, 3):
         feeds = tower_feeds(tower, rows)
         expected, answer = exported.run(None, feeds)[0], rewritten.run(None, feeds)[0]
         np.testing.assert_allclose(answer, expected, rtol=1e-4, atol=1e-5)
@@ -105,10 +130,10 @@ def test_the_backend_serves_fused_float32_towers(tiny_onnx_export, caplog):
 def test_a_fused_graph_that_answers_differently_does_not_serve(tiny_onnx_export, monkeypatch, caplog):
     rewrite = fused.rewritten_graph
 
-    def wrong_scale(path):
-        graph, done = rewrite(path)
+    def wrong_scale(path, projection_inside=True):
+        graph, done = rewrite(path, projection_inside)
         model = onnx.ModelProto.FromString(graph)
-        for node in _attention_nodes(model):
+        for node in _attention_nodes(model) + _attention_nodes(model, 'MultiHeadAttention'):
             next(a for a in node.attribute if a.name == 'scale').f *= 4
         return model.SerializeToString(), done
 
@@ -119,6 +144,11 @@ def test_a_fused_graph_that_answers_differently_does_not_serve(tiny_onnx_export,
     feeds = tower_feeds('visual.onnx', 2)
     exported = plain_session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], exported)
+    with caplog.at_level(logging.WARNING, logger=fused.__name__):
+        to_quantize = fused.float_graph_to_quantize(tiny_onnx_export / 'visual.onnx')
+    assert 'the rewritten graph answered differently on a sample; quantizing it as exported' in caplog.text
+    assert not _attention_nodes(to_quantize, 'MultiHeadAttention')
+    assert [n.op_type for n in to_quantize.graph.node].count('Softmax') == LAYERS
 
 
 def test_a_graph_without_a_sample_serves_as_exported(tiny_onnx_export, monkeypatch, caplog):
@@ -130,3 +160,7 @@ def test_a_graph_without_a_sample_serves_as_exported(tiny_onnx_export, monkeypat
     feeds = tower_feeds('visual.onnx', 2)
     exported = plain_session(str(tiny_onnx_export / 'visual.onnx')).run(None, feeds)[0]
     np.testing.assert_array_equal(session.run(None, feeds)[0], exported)  # the fused graph's differ in the last bits
+    with caplog.at_level(logging.WARNING, logger=fused.__name__):
+        to_quantize = fused.float_graph_to_quantize(tiny_onnx_export / 'visual.onnx')
+    assert 'the rewritten graph was not checked' in caplog.text and 'quantizing it as exported' in caplog.text
+    assert not _attention_nodes(to_quantize, 'MultiHeadAttention')

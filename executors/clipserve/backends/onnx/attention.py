@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clipserve.backends.onnx.graph_edit import drop_unused, has_subgraphs
+from clipserve.backends.onnx.graph_edit import CONTRIB_DOMAIN, drop_unused, has_subgraphs, use_contrib_domain
 
-CONTRIB_DOMAIN = 'com.microsoft'
 # the q path, back from its scaling Mul to the in-projection's bias
 _Q_PATH = ('Reshape', 'Transpose', 'Reshape', 'Gather', 'Squeeze', 'Transpose', 'Unsqueeze', 'Reshape', 'Add')
 _LARGEST_CONSTANT = 1 << 20  # elements: masks and shapes are read, weights never
@@ -30,22 +29,25 @@ _GEMM_DEFAULTS = {'transA': 0, 'transB': 0, 'alpha': 1.0, 'beta': 1.0}  # ONNX's
 _OUT_PATH = ('MatMul', 'Transpose', 'Reshape', 'Gemm', 'Reshape', 'Transpose')  # from the Softmax on
 
 
-def fuse_attention(model, folder: Path | None = None) -> int:
+def fuse_attention(model, folder: Path | None = None, projection_inside: bool = True) -> int:
     """Rewrites every recognised attention layer of `model` (an onnx ModelProto) in place; the count.
-    `folder` holds its external data, for the small constants the match reads (a causal mask)."""
-    from onnx import helper
-
+    `folder` holds its external data, for the small constants the match reads (a causal mask). With
+    `projection_inside` (float graphs) the in-projection's weight goes into `Attention` itself; without it the
+    in-projection stays a MatMul of its own feeding `MultiHeadAttention`, so that a quantizer after this
+    rewrite finds it as a linear layer (backends/onnx/int8.py)."""
     if has_subgraphs(model.graph):
         return 0
     graph = _Graph(model.graph, folder)
     layers = [layer for softmax in graph.nodes_of('Softmax') if (layer := _match(graph, softmax))]
     for index, layer in enumerate(layers):
-        graph.replace(layer, _fused_nodes(layer, f'clipserve_attention_{index}'))
+        prefix = f'clipserve_attention_{index}'
+        graph.replace(
+            layer, _fused_nodes(layer, prefix) if projection_inside else _projected_nodes(graph, layer, prefix)
+        )
         graph.declare_like(f'clipserve_attention_{index}_heads', layer.output, graph.dims(layer.weight)[0])
     if layers:
         drop_unused(model.graph)
-        if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+        use_contrib_domain(model)
     return len(layers)
 
 
@@ -78,10 +80,42 @@ def _fused_nodes(layer: _Attention, prefix: str) -> list:
         scale=layer.scale,
         unidirectional=int(layer.causal),
     )
+    return [attention, *_out_projection(layer, prefix)]
+
+
+def _projected_nodes(graph: _Graph, layer: _Attention, prefix: str) -> list:
+    """The in-projection as a MatMul, split into q, k and v for `MultiHeadAttention` (which adds their bias)."""
+    from onnx import helper, numpy_helper
+
+    width = graph.dims(layer.weight)[0]
+    graph.graph.initializer.append(numpy_helper.from_array(np.array([width] * 3, np.int64), f'{prefix}_split'))
+    qkv = [f'{prefix}_q', f'{prefix}_k', f'{prefix}_v']
+    attention = helper.make_node(
+        'MultiHeadAttention',
+        [*qkv, layer.bias],
+        [f'{prefix}_heads'],
+        name=prefix,
+        domain=CONTRIB_DOMAIN,
+        num_heads=layer.heads,
+        scale=layer.scale,
+        unidirectional=int(layer.causal),
+    )
+    return [
+        helper.make_node('MatMul', [layer.source, layer.weight], [f'{prefix}_packed'], name=f'{prefix}_in'),
+        helper.make_node('Split', [f'{prefix}_packed', f'{prefix}_split'], qkv, name=f'{prefix}_split', axis=-1),
+        attention,
+        *_out_projection(layer, prefix),
+    ]
+
+
+def _out_projection(layer: _Attention, prefix: str) -> list:
+    """The heads' output times the out-projection (and its bias), batch-first as the layer's output is."""
+    from onnx import helper
+
     # Gemm's weight is [out, in]; the transpose of a constant is folded when the session loads
     transposed = helper.make_node('Transpose', [layer.out_weight], [f'{prefix}_wt'], name=f'{prefix}_wt', perm=[1, 0])
     projected = f'{prefix}_projected' if layer.out_bias else layer.output
-    nodes = [attention, transposed, helper.make_node('MatMul', [f'{prefix}_heads', f'{prefix}_wt'], [projected])]
+    nodes = [transposed, helper.make_node('MatMul', [f'{prefix}_heads', f'{prefix}_wt'], [projected])]
     if layer.out_bias:
         nodes.append(helper.make_node('Add', [projected, layer.out_bias], [layer.output], name=f'{prefix}_bias'))
     return nodes

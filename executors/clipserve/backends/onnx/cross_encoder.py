@@ -32,7 +32,7 @@ from clipserve.models.cross_encoder import CONFIG_FILE, TOKENIZER_CONFIG, TOKENI
 GRAPH_FILE = 'reranker.onnx'
 COPIED = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG, 'special_tokens_map.json')
 TOLERANCE = 1e-4
-INT8_FORMAT = 2
+INT8_FORMAT = 3
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
 """CPU sessions of float32 graphs (CLIP towers, rerankers) rewritten at load, checked first: attention fused
 (backends/onnx/attention.py) and the last operators run on the pooled rows only (backends/onnx/pooled_rows.py).
+The int8 copies start from the same rewrites, checked the same way (`float_graph_to_quantize`).
 
 A rewritten graph serves only after it has given the exported graph's answer on a sample input; one that
 does not (or a rewrite that fails) is reported in the log and the graph as exported serves instead. The two
@@ -58,7 +59,7 @@ def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> o
             e,
         )
         return _as_exported(path, make_options)
-    if not all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(answers, expected)):
+    if not _same_answers(answers, expected):
         logger.warning(
             '%s: the rewritten graph answered differently on a sample; serving the graph as exported', path.name
         )
@@ -67,20 +68,61 @@ def cpu_session(path: Path, make_options: Callable[[], ort.SessionOptions]) -> o
     return fused
 
 
-def rewritten_graph(path: Path) -> tuple[bytes, str] | None:
+def rewritten_graph(path: Path, projection_inside: bool = True) -> tuple[bytes, str] | None:
     """The graph at `path` with every rewrite that recognises it applied, serialized, and what was done; None
-    when none does. Its weights stay where they are (external data beside `path`)."""
+    when none does. Its weights stay where they are (external data beside `path`). `projection_inside`: as
+    backends/onnx/attention.py's `fuse_attention` takes it."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    layers = fuse_attention(model, Path(path).parent)
+    layers = fuse_attention(model, Path(path).parent, projection_inside)
     moved = pool_early(model)
     if not layers and not moved:
         return None
-    done = [f"{layers} attention layers fused into onnxruntime's Attention"] if layers else []
+    fused_into = 'Attention' if projection_inside else 'MultiHeadAttention'
+    done = [f"{layers} attention layers fused into onnxruntime's {fused_into}"] if layers else []
     if moved:
         done.append(f'{moved} operators of the last layer run on the pooled rows only')
     return model.SerializeToString(), '; '.join(done)
+
+
+def float_graph_to_quantize(path: Path):
+    """The float graph at `path` (an onnx ModelProto, weights loaded) for a quantizer to rewrite: with attention
+    fused around its own in-projection and the last layer on the pooled rows, when that graph answers as the
+    exported one on a sample; else as exported (logged)."""
+    import onnx
+
+    rewritten = rewritten_graph(path, projection_inside=False)
+    if rewritten is None:
+        return onnx.load(str(path))
+    graph, done = rewritten
+    options = ort.SessionOptions()
+    try:
+        exported = ort.InferenceSession(str(path), options, providers=PROVIDERS)
+        feeds = sample_feeds(exported)
+        expected = exported.run(None, feeds)
+        del exported
+        options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(Path(path).parent))
+        answers = ort.InferenceSession(graph, options, providers=PROVIDERS).run(None, feeds)
+    except Exception as e:  # no sample this module can make for it, or a rewrite onnxruntime cannot run
+        logger.warning(
+            '%s: the rewritten graph was not checked (%s: %s); quantizing it as exported',
+            path.name,
+            type(e).__name__,
+            e,
+        )
+        return onnx.load(str(path))
+    if not _same_answers(answers, expected):
+        logger.warning('%s: the rewritten graph answered differently on a sample; quantizing it as exported', path.name)
+        return onnx.load(str(path))
+    logger.info('%s, before quantizing: %s', path.name, done)
+    model = onnx.load_from_string(graph)
+    onnx.load_external_data_for_model(model, str(Path(path).parent))
+    return model
+
+
+def _same_answers(answers: list[np.ndarray], expected: list[np.ndarray]) -> bool:
+    return all(np.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in zip(answers, expected))
 
 
 def _as_exported(path: Path, make_options: Callable[[], ort.SessionOptions]) -> ort.InferenceSession:

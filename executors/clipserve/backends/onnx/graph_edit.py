@@ -1,9 +1,18 @@
-"""What the graph rewrites made at load (backends/onnx/attention.py, pooled_rows.py) share: whether a graph has
-subgraphs, the shapes it declares, and removing what nothing reads any more."""
+"""What the graph rewrites (backends/onnx/attention.py, pooled_rows.py, int8.py) share: whether a graph has
+subgraphs, the shapes it declares, removing what nothing reads any more, and onnxruntime's operator domain."""
 
 from __future__ import annotations
 
 Dim = int | str | None  # a size, a named (symbolic) size, or unknown
+CONTRIB_DOMAIN = 'com.microsoft'  # onnxruntime's own operators (Attention, MatMulIntegerToFloat)
+
+
+def use_contrib_domain(model) -> None:
+    """Declare onnxruntime's operator domain in `model` (an onnx ModelProto), once."""
+    from onnx import helper
+
+    if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
 
 
 def has_subgraphs(graph) -> bool:

@@ -1,16 +1,24 @@
 """int8 copies of ONNX graphs for CPUs (`dtype: int8` on the onnx backend), quantized once and cached
 (backends/onnx/copies.py), checked on the running CPU before serving (backends/int8_check.py).
 
-Every linear layer (a MatMul or Gemm with a constant 2-d weight) becomes an integer matrix product, except
-the first transformer block's and the last layer, which stay float (backends/int8_layers.py says why):
+Every linear layer (a MatMul or Gemm by a constant 2-d weight or its transpose) becomes an integer matrix
+product, except the first transformer block's and the last layer, which stay float (backends/int8_layers.py
+says why):
 
 - weights int8 per output channel, symmetric, each channel's scale chosen to minimise its rounding error
   (clipping the rare extreme weights when that pays). On CPUs with int8 dot products (VNNI, AMX) the
   weights use 8 bits. CPUs without them (AVX2) multiply uint8 by int8 and add each pair of products in
   16 bits, saturating: there the weights use 7 bits (|w| <= 63), so the sum of a pair stays below 2^15;
 - activations quantized per row (each token of each input alone), symmetric, as uint8 around one scalar
-  zero point of 128 (the form MatMulInteger's CPU kernels take): an input's embedding does not depend on
+  zero point of 128 (the form the integer kernels take): an input's embedding does not depend on
   what shares its batch or on the padding of its batch mates, and an outlier token costs only its own row.
+
+Each layer is a few operators, every one a pass over its activations, so they are the fewest that keep that
+form: QuantizeLinear rounds, shifts and casts a row already scaled, and onnxruntime's MatMulIntegerToFloat
+applies the weights' scales in the product's own output step; only the rows' scale (which it does not take)
+and the bias follow. The float graph is first rewritten as the float sessions are (backends/onnx/fused.py), with
+attention fused around its in-projection rather than inside it, so that projection is quantized too and the
+attention itself runs as one operator.
 
 onnxruntime's `quantize_dynamic` was the first choice; it quantizes a whole activation tensor with one
 scale, so embeddings changed with their batch mates, and its 8-bit weights saturate the AVX2 kernels
@@ -27,8 +35,10 @@ import numpy as np
 from clipserve.backends.cpu_features import cpu_features
 from clipserve.backends.int8_layers import float_layers
 from clipserve.backends.onnx.copies import DATA_FILE, converted_copy
+from clipserve.backends.onnx.fused import float_graph_to_quantize
+from clipserve.backends.onnx.graph_edit import CONTRIB_DOMAIN, drop_unused, use_contrib_domain
 
-FORMAT = 4  # bump when the quantization changes, so cached copies are redone
+FORMAT = 5  # bump when the quantization changes, so cached copies are redone
 ACTIVATION_ZERO_POINT = 128
 TOWERS = ('visual.onnx', 'textual.onnx')
 
@@ -52,7 +62,7 @@ def weight_bits() -> int:
 def quantize_int8(source: Path, destination: Path, bits: int = 7) -> None:
     import onnx
 
-    model = onnx.load(str(source))  # external data (the weights) from beside it
+    model = float_graph_to_quantize(Path(source))
     count = quantize_linear_layers(model, bits)
     logger.info('%s: %d linear layers quantized to int8', Path(source).name, count)
     onnx.save_model(
@@ -66,13 +76,14 @@ def quantize_linear_layers(model, bits: int = 7) -> int:
 
     graph = model.graph
     weights = {w.name: w for w in graph.initializer}
+    transposed = _transposed_constants(graph, weights)
     _add_shared_constants(graph)
-    linear = [i for i, node in enumerate(graph.node) if _linear_weight(node, weights) is not None]
-    shapes = [_weight_shape(graph.node[i], weights) for i in linear]
+    linear = [i for i, node in enumerate(graph.node) if _linear_weight(node, weights, transposed) is not None]
+    shapes = [_weight_shape(graph.node[i], weights, transposed) for i in linear]
     kept = {linear[i] for i in float_layers(shapes)}
     nodes, count = [], 0
     for index, node in enumerate(graph.node):
-        weight = None if index in kept else _linear_weight(node, weights)
+        weight = None if index in kept else _linear_weight(node, weights, transposed)
         if weight is None:
             nodes.append(node)
             continue
@@ -82,19 +93,31 @@ def quantize_linear_layers(model, bits: int = 7) -> int:
         nodes += _integer_product(node, array, matrix[1], bias, f'int8_{count}', graph, bits)
     del graph.node[:]
     graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [w for w in graph.initializer if w.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_unused(graph)
+    if count:
+        use_contrib_domain(model)
     return count
 
 
-def _linear_weight(node, weights) -> tuple[tuple[str, bool], str | None] | None:
+def _transposed_constants(graph, weights) -> dict[str, str]:
+    """The outputs of Transpose nodes that only swap the two axes of a 2-d constant, and that constant's name."""
+    found = {}
+    for node in graph.node:
+        if node.op_type == 'Transpose' and node.input[0] in weights and len(weights[node.input[0]].dims) == 2:
+            perm = next((list(a.ints) for a in node.attribute if a.name == 'perm'), [1, 0])
+            if perm == [1, 0]:
+                found[node.output[0]] = node.input[0]
+    return found
+
+
+def _linear_weight(node, weights, transposed) -> tuple[tuple[str, bool], str | None] | None:
     """((weight name, transposed), bias name) when `node` is a linear layer with a constant 2-d weight."""
     from onnx import helper
 
     if node.op_type == 'MatMul' and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
         return (node.input[1], False), None
+    if node.op_type == 'MatMul' and node.input[1] in transposed:
+        return (transposed[node.input[1]], True), None
     if node.op_type == 'Gemm' and node.input[1] in weights:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attributes.get('transA', 0) or attributes.get('alpha', 1.0) != 1.0 or attributes.get('beta', 1.0) != 1.0:
@@ -104,8 +127,8 @@ def _linear_weight(node, weights) -> tuple[tuple[str, bool], str | None] | None:
     return None
 
 
-def _weight_shape(node, weights) -> tuple[int, ...]:
-    (name, transposed), _ = _linear_weight(node, weights)
+def _weight_shape(node, weights, transposed_constants) -> tuple[int, ...]:
+    (name, transposed), _ = _linear_weight(node, weights, transposed_constants)
     dims = tuple(weights[name].dims)
     return dims[::-1] if transposed else dims
 
@@ -118,7 +141,7 @@ def _add_shared_constants(graph) -> None:
         ('int8_axes', np.array([-1], np.int64)),
         ('int8_tiny', np.array(1e-12, np.float32)),
         ('int8_127', np.array(127.0, np.float32)),
-        ('int8_shift', np.array(float(ACTIVATION_ZERO_POINT), np.float32)),
+        ('int8_one', np.array(1.0, np.float32)),
         ('int8_zero_point', np.array(ACTIVATION_ZERO_POINT, np.uint8)),
     ):
         graph.initializer.append(numpy_helper.from_array(value, name))
@@ -144,7 +167,7 @@ def _integer_product(
     node, weight: np.ndarray, transposed: bool, bias: str | None, prefix: str, graph, bits: int
 ) -> list:
     """The nodes computing `node`'s output as (per-row uint8 activations) x (per-channel int8 weights)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     matrix = (weight.T if transposed else weight).astype(np.float32)  # [in, out]
     limit = 2 ** (bits - 1) - 1
@@ -162,17 +185,22 @@ def _integer_product(
         op('ReduceMax', [f'{prefix}_abs', 'int8_axes'], 'row_max', keepdims=1),
         op('Max', [f'{prefix}_row_max', 'int8_tiny'], 'row_max_safe'),
         op('Div', [f'{prefix}_row_max_safe', 'int8_127'], 'row_scale'),
-        op('Div', [x, f'{prefix}_row_scale'], 'scaled'),
-        op('Round', [f'{prefix}_scaled'], 'rounded'),
-        op('Add', [f'{prefix}_rounded', 'int8_shift'], 'shifted'),
-        op('Cast', [f'{prefix}_shifted'], 'uint8', to=TensorProto.UINT8),
-        op('MatMulInteger', [f'{prefix}_uint8', f'{prefix}_weight', 'int8_zero_point'], 'int32'),
-        op('Cast', [f'{prefix}_int32'], 'float', to=TensorProto.FLOAT),
-        op('Mul', [f'{prefix}_float', f'{prefix}_row_scale'], 'row_scaled'),
+        op('Reciprocal', [f'{prefix}_row_scale'], 'row_inverse'),
+        op('Mul', [x, f'{prefix}_row_inverse'], 'scaled'),
+        # rounds half to even as Round does, adds the zero point and casts, in one pass
+        op('QuantizeLinear', [f'{prefix}_scaled', 'int8_one', 'int8_zero_point'], 'uint8'),
+        # the integer product, cast and scaled per weight channel in the kernel's own output step
+        helper.make_node(
+            'MatMulIntegerToFloat',
+            [f'{prefix}_uint8', f'{prefix}_weight', 'int8_one', f'{prefix}_weight_scale', 'int8_zero_point'],
+            [f'{prefix}_channel_scaled'],
+            name=f'{prefix}_product_channels',
+            domain=CONTRIB_DOMAIN,
+        ),
     ]
     last = helper.make_node(
         'Mul',
-        [f'{prefix}_row_scaled', f'{prefix}_weight_scale'],
+        [f'{prefix}_channel_scaled', f'{prefix}_row_scale'],
         [out if bias is None else f'{prefix}_product'],
         name=f'{prefix}_product',
     )
