@@ -110,14 +110,15 @@ def _transposed_constants(graph, weights) -> dict[str, str]:
     return found
 
 
-def _linear_weight(node, weights, transposed) -> tuple[tuple[str, bool], str | None] | None:
-    """((weight name, transposed), bias name) when `node` is a linear layer with a constant 2-d weight."""
+def _linear_weight(node, weights, transposed_constants) -> tuple[tuple[str, bool], str | None] | None:
+    """((weight name, transposed), bias name) when `node` is a linear layer with a constant 2-d weight (or its
+    transpose: `transposed_constants` maps a transposed constant to that constant's name)."""
     from onnx import helper
 
     if node.op_type == 'MatMul' and node.input[1] in weights and len(weights[node.input[1]].dims) == 2:
         return (node.input[1], False), None
-    if node.op_type == 'MatMul' and node.input[1] in transposed:
-        return (transposed[node.input[1]], True), None
+    if node.op_type == 'MatMul' and node.input[1] in transposed_constants:
+        return (transposed_constants[node.input[1]], True), None
     if node.op_type == 'Gemm' and node.input[1] in weights:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if attributes.get('transA', 0) or attributes.get('alpha', 1.0) != 1.0 or attributes.get('beta', 1.0) != 1.0:
