@@ -44,7 +44,7 @@ def fuse_attention(model, folder: Path | None = None, projection_inside: bool = 
         graph.replace(
             layer, _fused_nodes(layer, prefix) if projection_inside else _projected_nodes(graph, layer, prefix)
         )
-        graph.declare_like(f'clipserve_attention_{index}_heads', layer.output, graph.dims(layer.weight)[0])
+        graph.declare_like(f'{prefix}_heads', layer.output, graph.dims(layer.weight)[0])
     if layers:
         drop_unused(model.graph)
         use_contrib_domain(model)
