@@ -68,18 +68,7 @@ class _Attention:
 
 
 def _fused_nodes(layer: _Attention, prefix: str) -> list:
-    from onnx import helper
-
-    attention = helper.make_node(
-        'Attention',
-        [layer.source, layer.weight, layer.bias],
-        [f'{prefix}_heads'],
-        name=prefix,
-        domain=CONTRIB_DOMAIN,
-        num_heads=layer.heads,
-        scale=layer.scale,
-        unidirectional=int(layer.causal),
-    )
+    attention = _attention_node('Attention', [layer.source, layer.weight, layer.bias], layer, prefix)
     return [attention, *_out_projection(layer, prefix)]
 
 
@@ -90,9 +79,21 @@ def _projected_nodes(graph: _Graph, layer: _Attention, prefix: str) -> list:
     width = graph.dims(layer.weight)[0]
     graph.graph.initializer.append(numpy_helper.from_array(np.array([width] * 3, np.int64), f'{prefix}_split'))
     qkv = [f'{prefix}_q', f'{prefix}_k', f'{prefix}_v']
-    attention = helper.make_node(
-        'MultiHeadAttention',
-        [*qkv, layer.bias],
+    return [
+        helper.make_node('MatMul', [layer.source, layer.weight], [f'{prefix}_packed'], name=f'{prefix}_in'),
+        helper.make_node('Split', [f'{prefix}_packed', f'{prefix}_split'], qkv, name=f'{prefix}_split', axis=-1),
+        _attention_node('MultiHeadAttention', [*qkv, layer.bias], layer, prefix),
+        *_out_projection(layer, prefix),
+    ]
+
+
+def _attention_node(op: str, inputs: list[str], layer: _Attention, prefix: str):
+    """onnxruntime's `op` (Attention or MultiHeadAttention) with the layer's heads, scale and causal mask."""
+    from onnx import helper
+
+    return helper.make_node(
+        op,
+        inputs,
         [f'{prefix}_heads'],
         name=prefix,
         domain=CONTRIB_DOMAIN,
@@ -100,12 +101,6 @@ def _projected_nodes(graph: _Graph, layer: _Attention, prefix: str) -> list:
         scale=layer.scale,
         unidirectional=int(layer.causal),
     )
-    return [
-        helper.make_node('MatMul', [layer.source, layer.weight], [f'{prefix}_packed'], name=f'{prefix}_in'),
-        helper.make_node('Split', [f'{prefix}_packed', f'{prefix}_split'], qkv, name=f'{prefix}_split', axis=-1),
-        attention,
-        *_out_projection(layer, prefix),
-    ]
 
 
 def _out_projection(layer: _Attention, prefix: str) -> list:
