@@ -70,9 +70,10 @@ def test_int8_is_a_cached_integer_copy_close_to_fp32(exported, cache):
         assert (copy.parent / INTEGRITY_FILE).is_file()
         graph = onnx.load(str(copy)).graph
         ops = [node.op_type for node in graph.node]
-        # every linear layer but the first block's and the projection, the integer product's output scaled in
-        # its kernel; attention fused around its own (quantized) in-projection, its products in float
-        assert ops.count('MatMulIntegerToFloat') >= 4, ops
+        # every linear layer but the first block's and the projection (the second block's in-projection,
+        # out-projection and MLP), the integer product's output scaled in its kernel; attention fused around its
+        # own (quantized) in-projection, its products in float
+        assert ops.count('MatMulIntegerToFloat') == 4, ops
         assert ops.count('MultiHeadAttention') == ops.count('Split') >= 2, ops
         assert 'Attention' not in ops and 'MatMulInteger' not in ops
         weights = [numpy_helper.to_array(w) for w in graph.initializer if w.data_type == onnx.TensorProto.INT8]
