@@ -35,8 +35,7 @@ def shapes_of(graph) -> dict[str, tuple[Dim, ...]]:
             shapes[node.output[0]] = tuple(node.attribute[0].t.dims)
         elif node.op_type == 'Transpose' and node.input[0] in shapes and node.output[0] not in shapes:
             source = shapes[node.input[0]]
-            perm = next((list(a.ints) for a in node.attribute if a.name == 'perm'), None)
-            shapes[node.output[0]] = tuple(source[i] for i in perm) if perm else source[::-1]
+            shapes[node.output[0]] = tuple(source[i] for i in transpose_perm(node, len(source)))
     return shapes
 
 
@@ -44,6 +43,12 @@ def _dim(dim) -> Dim:
     if dim.HasField('dim_value'):
         return dim.dim_value
     return dim.dim_param or None
+
+
+def transpose_perm(node, rank: int) -> list[int]:
+    """A Transpose node's permutation of `rank` axes: its `perm`, or ONNX's default (the axes reversed)."""
+    perm = next((list(a.ints) for a in node.attribute if a.name == 'perm'), None)
+    return perm or list(range(rank))[::-1]
 
 
 def drop_unused(graph) -> None:

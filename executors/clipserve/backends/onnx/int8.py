@@ -36,7 +36,7 @@ from clipserve.backends.cpu_features import cpu_features
 from clipserve.backends.int8_layers import float_layers
 from clipserve.backends.onnx.copies import DATA_FILE, converted_copy
 from clipserve.backends.onnx.fused import float_graph_to_quantize
-from clipserve.backends.onnx.graph_edit import CONTRIB_DOMAIN, drop_unused, use_contrib_domain
+from clipserve.backends.onnx.graph_edit import CONTRIB_DOMAIN, drop_unused, transpose_perm, use_contrib_domain
 
 FORMAT = 5  # bump when the quantization changes, so cached copies are redone
 ACTIVATION_ZERO_POINT = 128
@@ -103,10 +103,10 @@ def _transposed_constants(graph, weights) -> dict[str, str]:
     """The outputs of Transpose nodes that only swap the two axes of a 2-d constant, and that constant's name."""
     found = {}
     for node in graph.node:
-        if node.op_type == 'Transpose' and node.input[0] in weights and len(weights[node.input[0]].dims) == 2:
-            perm = next((list(a.ints) for a in node.attribute if a.name == 'perm'), [1, 0])
-            if perm == [1, 0]:
-                found[node.output[0]] = node.input[0]
+        if node.op_type != 'Transpose' or node.input[0] not in weights or len(weights[node.input[0]].dims) != 2:
+            continue
+        if transpose_perm(node, 2) == [1, 0]:
+            found[node.output[0]] = node.input[0]
     return found
 
 
